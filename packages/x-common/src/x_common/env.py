@@ -1,0 +1,228 @@
+"""The launcher -> runtime contract: every environment variable name x reads or writes.
+
+``x-launch`` resolves a launch configuration and passes what the training process needs
+through the variables below; ``x_runtime`` reads them back with the same objects. Variables
+that torch's elastic agent and SLURM set are named here too, so no other module spells a
+variable name.
+
+Examples:
+    >>> env = {}
+    >>> MIXED_PRECISION.write("bf16", env)
+    'bf16'
+    >>> env
+    {'X_MIXED_PRECISION': 'bf16'}
+    >>> MIXED_PRECISION.read(env), GRADIENT_ACCUMULATION_STEPS.read(env)
+    ('bf16', 1)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from x_common._kinds import Bool, Choice, Float, Int, Kind, Str, StrList
+
+PREFIX = "X_"
+LAUNCH_FLAG_PREFIX = "X_LAUNCH_"
+
+DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "FSDP", "DEEPSPEED", "XLA")
+MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "cudagraphs", "onnxrt", "openxla", "tensorrt", "tvm", "ipex")
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    """One environment variable: its name, value kind, default and meaning."""
+
+    name: str
+    kind: Kind = field(repr=False)
+    default: Any = None
+    doc: str = ""
+
+    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
+        """Whether the variable is present (an empty value counts as absent)."""
+        raw = (os.environ if environ is None else environ).get(self.name)
+        return raw is not None and raw.strip() != ""
+
+    def read(self, environ: Mapping[str, str] | None = None) -> Any:
+        """Typed value from ``environ`` (default ``os.environ``), or the default when unset.
+
+        Raises:
+            ValueError: the value is malformed; the message names the variable, the value and
+                the accepted values.
+        """
+        raw = (os.environ if environ is None else environ).get(self.name)
+        if raw is None or raw.strip() == "":
+            return self.default
+        return self.kind.parse(self.name, raw)
+
+    def format(self, value: Any) -> str:
+        """The string that ``read`` turns back into ``value``.
+
+        Raises:
+            ValueError: ``value`` is not of this variable's kind.
+        """
+        return self.kind.format(self.name, value)
+
+    def write(self, value: Any, environ: MutableMapping[str, str] | None = None) -> str:
+        """Validate ``value``, store it in ``environ`` (default ``os.environ``), return the string."""
+        text = self.format(value)
+        (os.environ if environ is None else environ)[self.name] = text
+        return text
+
+
+def _var(name: str, kind: Kind, default: Any, doc: str) -> EnvVar:
+    return EnvVar(PREFIX + name, kind, default, doc)
+
+
+# --- set by x-launch, read by x_runtime ---------------------------------------------------
+LAUNCHED_BY_X = _var("LAUNCHED", Bool(), False, "set by x-launch in every process it starts")
+CONFIG_FILE = _var("CONFIG_FILE", Str(), None, "launch config file to use instead of the default location")
+DISTRIBUTED_TYPE = _var("DISTRIBUTED_TYPE", Choice(DISTRIBUTED_TYPES), None, "strategy chosen by the launcher")
+MIXED_PRECISION = _var("MIXED_PRECISION", Choice(MIXED_PRECISIONS), "no", "autocast dtype for the prepared model")
+USE_CPU = _var("USE_CPU", Bool(), False, "train on CPU even when an accelerator is present")
+GRADIENT_ACCUMULATION_STEPS = _var("GRADIENT_ACCUMULATION_STEPS", Int(minimum=1), 1, "micro-batches per optimizer step")
+PROCESS_GROUP_TIMEOUT = _var("PROCESS_GROUP_TIMEOUT", Int(minimum=1), 1800, "seconds a collective may wait")
+DEBUG_MODE = _var("DEBUG_MODE", Bool(), False, "check shapes agree across ranks before each collective")
+DYNAMO_BACKEND = _var("DYNAMO_BACKEND", Choice(DYNAMO_BACKENDS), "no", "torch.compile backend")
+DYNAMO_MODE = _var("DYNAMO_MODE", Choice(DYNAMO_MODES), "default", "torch.compile mode")
+DYNAMO_FULLGRAPH = _var("DYNAMO_FULLGRAPH", Bool(), False, "torch.compile(fullgraph=True)")
+DYNAMO_DYNAMIC = _var("DYNAMO_DYNAMIC", Bool(), None, "torch.compile(dynamic=...); unset lets torch decide")
+DYNAMO_REGIONAL = _var("DYNAMO_REGIONAL", Bool(), False, "compile repeated blocks once instead of the whole model")
+
+FSDP_VERSION = _var("FSDP_VERSION", Int(minimum=1, maximum=2), 2, "1: FullyShardedDataParallel, 2: fully_shard")
+FSDP_RESHARD_AFTER_FORWARD = _var("FSDP_RESHARD_AFTER_FORWARD", Bool(), True, "free gathered parameters after forward")
+FSDP_SHARDING_STRATEGY = _var(
+    "FSDP_SHARDING_STRATEGY",
+    Choice(("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")),
+    "FULL_SHARD",
+    "FSDP1 sharding strategy",
+)
+FSDP_AUTO_WRAP_POLICY = _var(
+    "FSDP_AUTO_WRAP_POLICY",
+    Choice(("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")),
+    None,
+    "what to shard separately",
+)
+FSDP_TRANSFORMER_CLS_TO_WRAP = _var(
+    "FSDP_TRANSFORMER_CLS_TO_WRAP", StrList(), None, "layer classes for TRANSFORMER_BASED_WRAP"
+)
+FSDP_MIN_NUM_PARAMS = _var("FSDP_MIN_NUM_PARAMS", Int(minimum=0), 100_000_000, "parameter count for SIZE_BASED_WRAP")
+FSDP_OFFLOAD_PARAMS = _var("FSDP_OFFLOAD_PARAMS", Bool(), False, "keep sharded parameters on CPU")
+FSDP_STATE_DICT_TYPE = _var(
+    "FSDP_STATE_DICT_TYPE", Choice(("FULL_STATE_DICT", "SHARDED_STATE_DICT")), "FULL_STATE_DICT", "checkpoint layout"
+)
+FSDP_ACTIVATION_CHECKPOINTING = _var(
+    "FSDP_ACTIVATION_CHECKPOINTING", Bool(), False, "recompute wrapped blocks in backward"
+)
+FSDP_CPU_RAM_EFFICIENT_LOADING = _var("FSDP_CPU_RAM_EFFICIENT_LOADING", Bool(), False, "load weights on rank 0 only")
+FSDP_SYNC_MODULE_STATES = _var("FSDP_SYNC_MODULE_STATES", Bool(), True, "broadcast rank 0's weights at wrap time")
+FSDP_USE_ORIG_PARAMS = _var("FSDP_USE_ORIG_PARAMS", Bool(), True, "FSDP1 use_orig_params")
+FSDP_FORWARD_PREFETCH = _var("FSDP_FORWARD_PREFETCH", Bool(), False, "gather the next block during forward")
+FSDP_BACKWARD_PREFETCH = _var(
+    "FSDP_BACKWARD_PREFETCH", Choice(("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")), "BACKWARD_PRE", "FSDP1 prefetch"
+)
+
+DEEPSPEED_CONFIG_FILE = _var("DEEPSPEED_CONFIG_FILE", Str(), None, "DeepSpeed JSON config")
+DEEPSPEED_ZERO_STAGE = _var("DEEPSPEED_ZERO_STAGE", Int(minimum=0, maximum=3), None, "ZeRO stage")
+DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE = _var(
+    "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", Choice(("none", "cpu", "nvme")), "none", "where optimizer state lives"
+)
+DEEPSPEED_OFFLOAD_PARAM_DEVICE = _var(
+    "DEEPSPEED_OFFLOAD_PARAM_DEVICE", Choice(("none", "cpu", "nvme")), "none", "where ZeRO-3 parameters live"
+)
+DEEPSPEED_GRADIENT_CLIPPING = _var("DEEPSPEED_GRADIENT_CLIPPING", Float(minimum=0.0), None, "max gradient norm")
+DEEPSPEED_ZERO3_INIT = _var("DEEPSPEED_ZERO3_INIT", Bool(), False, "build the model already partitioned")
+DEEPSPEED_ZERO3_SAVE_16BIT_MODEL = _var(
+    "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL", Bool(), False, "gather 16-bit weights on save"
+)
+
+CONTRACT: tuple[EnvVar, ...] = tuple(value for value in list(globals().values()) if isinstance(value, EnvVar))
+
+# --- set by others: torch's elastic agent, SLURM, XLA, CUDA -------------------------------
+RANK = EnvVar("RANK", Int(minimum=0), None, "global rank (torchrun)")
+LOCAL_RANK = EnvVar("LOCAL_RANK", Int(minimum=0), None, "rank on this machine (torchrun)")
+WORLD_SIZE = EnvVar("WORLD_SIZE", Int(minimum=1), None, "number of processes (torchrun)")
+LOCAL_WORLD_SIZE = EnvVar("LOCAL_WORLD_SIZE", Int(minimum=1), None, "processes on this machine (torchrun)")
+GROUP_RANK = EnvVar("GROUP_RANK", Int(minimum=0), None, "machine rank (torchrun)")
+MASTER_ADDR = EnvVar("MASTER_ADDR", Str(), None, "rendezvous host")
+MASTER_PORT = EnvVar("MASTER_PORT", Int(minimum=0, maximum=65535), None, "rendezvous port")
+TORCHELASTIC_RUN_ID = EnvVar("TORCHELASTIC_RUN_ID", Str(), None, "set in every worker torchrun starts")
+SLURM_JOB_ID = EnvVar("SLURM_JOB_ID", Int(minimum=0), None, "allocation id")
+SLURM_JOB_NODELIST = EnvVar("SLURM_JOB_NODELIST", Str(), None, "hosts of the allocation, compressed")
+SLURM_NNODES = EnvVar("SLURM_NNODES", Int(minimum=1), None, "hosts in the allocation")
+SLURM_NODEID = EnvVar("SLURM_NODEID", Int(minimum=0), None, "this host's index in the allocation")
+SLURM_PROCID = EnvVar("SLURM_PROCID", Int(minimum=0), None, "global task rank (srun)")
+SLURM_LOCALID = EnvVar("SLURM_LOCALID", Int(minimum=0), None, "task rank on this host (srun)")
+SLURM_NTASKS = EnvVar("SLURM_NTASKS", Int(minimum=1), None, "tasks in the step")
+SLURM_NTASKS_PER_NODE = EnvVar("SLURM_NTASKS_PER_NODE", Int(minimum=1), None, "only with --ntasks-per-node")
+SLURM_TASKS_PER_NODE = EnvVar("SLURM_TASKS_PER_NODE", Str(), None, "tasks per host, compressed, e.g. '2(x3),1'")
+SLURM_CPUS_PER_TASK = EnvVar("SLURM_CPUS_PER_TASK", Int(minimum=1), None, "only with --cpus-per-task")
+SLURM_GPUS_ON_NODE = EnvVar("SLURM_GPUS_ON_NODE", Int(minimum=0), None, "GPUs allocated on this host")
+CUDA_VISIBLE_DEVICES = EnvVar("CUDA_VISIBLE_DEVICES", Str(), None, "CUDA devices this process sees")
+PJRT_DEVICE = EnvVar("PJRT_DEVICE", Choice(("TPU", "CPU", "CUDA", "NEURON")), None, "torch_xla runtime device")
+CPU_NUM_DEVICES = EnvVar("CPU_NUM_DEVICES", Int(minimum=1), None, "torch_xla virtual CPU devices")
+
+FOREIGN: tuple[EnvVar, ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, EnvVar) and value not in CONTRACT
+)
+
+
+def launch_flag_var(flag: str) -> str:
+    """Environment variable that supplies an ``x-launch`` flag when the flag is not given.
+
+    Examples:
+        >>> launch_flag_var("--num_processes")
+        'X_LAUNCH_NUM_PROCESSES'
+    """
+    name = flag.lstrip("-").replace("-", "_").upper()
+    if not re.fullmatch(r"[A-Z0-9_]+", name):
+        raise ValueError(f"invalid flag {flag!r}: expected a long option such as '--num_processes'")
+    return LAUNCH_FLAG_PREFIX + name
+
+
+def to_environ(values: Mapping[EnvVar, Any]) -> dict[str, str]:
+    """Strings for the given variables, validated; ``None`` values are left out.
+
+    Examples:
+        >>> to_environ({USE_CPU: True, GRADIENT_ACCUMULATION_STEPS: 4, DYNAMO_DYNAMIC: None})
+        {'X_USE_CPU': '1', 'X_GRADIENT_ACCUMULATION_STEPS': '4'}
+    """
+    return {var.name: var.format(value) for var, value in values.items() if value is not None}
+
+
+def read_contract(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every contract variable's typed value (defaults for the unset ones), keyed by name.
+
+    Raises:
+        ValueError: one or more values are malformed; all problems are listed, one per line.
+    """
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for var in CONTRACT:
+        try:
+            values[var.name] = var.read(environ)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ValueError("\n".join(problems))
+    return values
+
+
+__all__ = [
+    "CONTRACT",
+    "DISTRIBUTED_TYPES",
+    "DYNAMO_BACKENDS",
+    "DYNAMO_MODES",
+    "FOREIGN",
+    "MIXED_PRECISIONS",
+    "EnvVar",
+    "launch_flag_var",
+    "read_contract",
+    "to_environ",
+    *(name for name, value in list(globals().items()) if isinstance(value, EnvVar)),
+]

@@ -1,0 +1,41 @@
+"""The installed ``x-estimate`` console script."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+
+import pytest
+
+import x_estimate
+
+
+@pytest.fixture(scope="module")
+def exe(console_script) -> str:
+    return console_script("x-estimate")
+
+
+def test_version_matches_distribution_metadata(exe: str) -> None:
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"x-estimate, version {importlib.metadata.version('x-estimate')}"
+    assert x_estimate.__version__ == importlib.metadata.version("x-estimate")
+
+
+def test_no_arguments_prints_help_instead_of_doing_nothing(exe: str) -> None:
+    out = subprocess.run([exe], capture_output=True, text=True)
+    assert out.returncode in (0, 2)  # click >= 8.2 exits 2 for no_args_is_help
+    assert "Usage: x-estimate" in out.stdout + out.stderr
+
+
+def test_declared_dependencies_import_in_this_venv() -> None:
+    # The estimator builds skeletons with transformers (and timm when the extra is installed)
+    # on the meta device: prove the pinned set installs and imports together.
+    import huggingface_hub
+    import timm
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = timm.create_model("resnet18", pretrained=False)
+    assert sum(p.numel() for p in model.parameters()) == 11_689_512
+    assert transformers.__version__ and huggingface_hub.__version__
