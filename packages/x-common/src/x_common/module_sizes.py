@@ -5,19 +5,25 @@ decoder embeddings) adds its size once to every module that holds it, and once t
 Accelerate's ``compute_module_sizes`` keeps only the first name of a tied tensor: the other
 modules holding it (the LM head tied to the embedding) get no size at all, so a device-map
 planner may put them where their weight does not fit.
+
+The tensors are first described as plain data (``TensorInfo``: names, shape, dtype), so a tool
+can compute sizes again, in other dtypes, or from a cached description, without torch.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from x_common.dtypes import dtype_bits, is_floating, tensor_nbytes
+from x_common.dtypes import dtype_bits, dtype_name, is_floating, tensor_nbytes
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["module_sizes", "named_tensors", "tensor_key"]
+__all__ = ["TensorInfo", "module_sizes", "named_tensors", "sizes_of", "tensor_infos", "tensor_key"]
 
 
 def tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
@@ -45,6 +51,69 @@ def named_tensors(module: torch.nn.Module, *, include_buffers: bool = True) -> l
     if include_buffers:
         pairs.extend((name, buf) for name, buf in module.named_buffers(remove_duplicate=False) if buf is not None)
     return pairs
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as data: every name it is reachable under, its shape and dtype name."""
+
+    names: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    is_parameter: bool = True
+    requires_grad: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def nbytes(self, dtype: Any = None) -> int:
+        """Bytes at its own dtype, or at ``dtype`` if it is floating point (casts leave integers alone)."""
+        if dtype is not None and is_floating(self.dtype):
+            return tensor_nbytes(self.numel, dtype)
+        return tensor_nbytes(self.numel, self.dtype)
+
+
+def tensor_infos(module: torch.nn.Module, *, include_buffers: bool = True) -> list[TensorInfo]:
+    """Describe each distinct tensor of ``module`` once, with all of its names, in module order."""
+    names: dict[tuple[Any, ...], list[str]] = {}
+    first: dict[tuple[Any, ...], tuple[torch.Tensor, bool]] = {}
+    params = list(module.named_parameters(remove_duplicate=False))
+    buffers = list(module.named_buffers(remove_duplicate=False)) if include_buffers else []
+    for is_param, pairs in ((True, params), (False, buffers)):
+        for name, tensor in pairs:
+            if tensor is None:
+                continue
+            key = tensor_key(tensor)
+            names.setdefault(key, []).append(name)
+            first.setdefault(key, (tensor, is_param))
+    return [
+        TensorInfo(
+            names=tuple(names[key]),
+            shape=tuple(int(d) for d in tensor.shape),
+            dtype=dtype_name(tensor.dtype),
+            is_parameter=is_param,
+            requires_grad=bool(tensor.requires_grad),
+        )
+        for key, (tensor, is_param) in first.items()
+    ]
+
+
+def sizes_of(tensors: Iterable[TensorInfo], dtype: Any = None) -> dict[str, int]:
+    """Bytes under every prefix of every tensor name; ``""`` is the total. See ``module_sizes``."""
+    if dtype is not None:
+        dtype_bits(dtype)  # reject an unknown dtype even when no tensor is floating point
+    sizes: dict[str, int] = defaultdict(int)
+    for info in tensors:
+        nbytes = info.nbytes(dtype)
+        prefixes: set[str] = set()
+        for name in info.names:
+            parts = name.split(".")
+            prefixes.update(".".join(parts[:i]) for i in range(len(parts) + 1))
+        for prefix in prefixes:
+            sizes[prefix] += nbytes
+    sizes.setdefault("", 0)
+    return dict(sizes)
 
 
 def module_sizes(
@@ -75,25 +144,4 @@ def module_sizes(
         >>> sizes[""], sizes["emb"], sizes["head"]
         (160, 160, 160)
     """
-    target_bits = dtype_bits(dtype) if dtype is not None else None
-    sizes: dict[str, int] = defaultdict(int)
-    names_by_key: dict[tuple[Any, ...], list[str]] = {}
-    tensor_by_key: dict[tuple[Any, ...], torch.Tensor] = {}
-    for name, tensor in named_tensors(model, include_buffers=include_buffers):
-        key = tensor_key(tensor)
-        names_by_key.setdefault(key, []).append(name)
-        tensor_by_key[key] = tensor
-    for key, names in names_by_key.items():
-        tensor = tensor_by_key[key]
-        if target_bits is not None and is_floating(tensor.dtype):
-            nbytes = tensor_nbytes(tensor.numel(), dtype)
-        else:
-            nbytes = tensor_nbytes(tensor.numel(), tensor.dtype)
-        prefixes: set[str] = set()
-        for name in names:
-            parts = name.split(".")
-            prefixes.update(".".join(parts[:i]) for i in range(len(parts) + 1))
-        for prefix in prefixes:
-            sizes[prefix] += nbytes
-    sizes.setdefault("", 0)
-    return dict(sizes)
+    return sizes_of(tensor_infos(model, include_buffers=include_buffers), dtype)

@@ -1,18 +1,215 @@
-"""The ``x-estimate`` command line."""
+"""The ``x-estimate`` command line.
+
+Heavy imports (torch, transformers, timm) happen only after the arguments are valid, once.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from typing import Any
+
 import click
 
+from x_common import env
 from x_estimate._version import __version__
 
+DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
+_SIZE_HELP = "a size such as 80GiB or 40GB"
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]}, no_args_is_help=True)
+
+class _Size(click.ParamType):
+    name = "size"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        from x_common.sizes import parse_size
+
+        try:
+            return parse_size(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def _spread_multi_value(argv: list[str], option: str) -> list[str]:
+    """Let ``--dtypes float32 float16`` (Accelerate's spelling) reach click as repeated options."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out += argv[i:]
+            break
+        if arg.startswith(option + "="):
+            out += [x for v in arg.split("=", 1)[1].split(",") if v for x in (option, v)]
+        elif arg == option:
+            i += 1
+            took = False
+            while i < len(argv) and not argv[i].startswith("-"):
+                # One positional is the MODEL: keep the last bare word for it if no model came before.
+                out += [x for v in argv[i].split(",") if v for x in (option, v)]
+                took = True
+                i += 1
+            if not took:
+                out.append(option)
+            continue
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, no_args_is_help=True)
+@click.argument("model")
+@click.option(
+    "--library_name",
+    "--library-name",
+    type=click.Choice(["transformers", "timm"]),
+    help="Library of MODEL (detected when omitted).",
+)
+@click.option(
+    "--dtypes",
+    multiple=True,
+    type=click.Choice(DTYPES),
+    help=f"Rows to print: any of {', '.join(DTYPES)} (default all).",
+)
+@click.option(
+    "--trust_remote_code",
+    "--trust-remote-code",
+    is_flag=True,
+    help="Run the model's own code from its repo (read it first).",
+)
+@click.option("--base-model", is_flag=True, help="Build the bare AutoModel, without task head, as Accelerate does.")
+@click.option(
+    "--optimizer", type=click.Choice(["adamw", "adamw8bit", "sgd", "adafactor"]), default="adamw", show_default=True
+)
+@click.option(
+    "--precision",
+    type=click.Choice(["auto", "fp32", "mixed-bf16", "mixed-fp16", "bf16"]),
+    default="auto",
+    show_default=True,
+    help="Training precision; auto: float32 row fp32, float16 row mixed-fp16, bfloat16 row mixed-bf16.",
+)
+@click.option(
+    "--int4",
+    "int4",
+    type=click.Choice(["nf4", "nf4-dq", "gptq", "awq"]),
+    default="nf4",
+    show_default=True,
+    help="Format of the int4 row.",
+)
+@click.option(
+    "--num-gpus",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Devices training shares the model over.",
+)
+@click.option(
+    "--shard", type=click.Choice(["none", "zero1", "zero2", "zero3", "fsdp"]), default="none", show_default=True
+)
+@click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence: adds KV cache and activations.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--fits", type=_Size(), help=f"Say which rows fit in this memory ({_SIZE_HELP}).")
+@click.option(
+    "--token",
+    envvar=env.HF_TOKEN.name,
+    help=f"Hugging Face token for gated or private repos (default: ${env.HF_TOKEN.name}).",
+)
+@click.option("--no-cache", is_flag=True, help="Rebuild the skeleton even if this config was estimated before.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.version_option(__version__, prog_name="x-estimate")
-def main() -> None:
-    """Print the memory a model needs, built on the meta device without its weights.
+def _command(model: str, **kw: Any) -> None:
+    """Print the memory MODEL needs, from its config alone (built on the meta device).
+
+    MODEL is a folder holding config.json, a Hugging Face Hub id (only config.json is fetched,
+    from the local cache when offline) or a timm model name.
 
     \b
     Examples:
-      x-estimate --version
+      x-estimate ./my-model --dtypes float32 float16
+      x-estimate meta-llama/Llama-3.1-8B --seq-len 8192 --fits 80GiB
+      x-estimate resnet50 --library_name timm
+      x-estimate gpt2 --num-gpus 8 --shard zero3 --precision mixed-bf16 --json
     """
+    from x_estimate.errors import EstimateError
+
+    try:
+        _run(model, **kw)
+    except Exception as exc:
+        if kw["debug"]:
+            raise
+        if isinstance(exc, EstimateError):
+            click.echo(f"Error: {exc}", err=True)
+        else:  # a bug, or a library failing in a way we did not foresee: still one line
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            click.echo(f"Error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)", err=True)
+        sys.exit(1)
+
+
+def _summary(model: str, kw: dict[str, Any]) -> tuple[Any, str]:
+    """The model's summary and where it came from: the cache when this config was seen before."""
+    from x_estimate import cache
+    from x_estimate.source import ModelSource, resolve_source
+
+    use_cache = not kw["no_cache"] and not kw["trust_remote_code"]
+    bare = "/" not in model and not model.startswith((".", "~")) and not os.path.exists(model)
+    if use_cache and bare and kw["library_name"] in (None, "timm"):
+        # A timm registry name: answer from the cache before paying for importing timm.
+        key = cache.summary_key(library="timm", config=None, timm_name=model, base_model=kw["base_model"])
+        if (hit := cache.load_summary(key)) is not None:
+            return hit, "timm registry"
+    source: ModelSource = resolve_source(model, kw["library_name"], token=kw["token"])
+    key = cache.summary_key(
+        library=source.library, config=source.config, timm_name=source.timm_name, base_model=kw["base_model"]
+    )
+    if use_cache and (hit := cache.load_summary(key)) is not None:
+        return hit, source.origin
+    from x_estimate.skeleton import build_skeleton
+    from x_estimate.summary import summarize
+
+    summary = summarize(build_skeleton(source, base_model=kw["base_model"], trust_remote_code=kw["trust_remote_code"]))
+    if use_cache:
+        cache.save_summary(key, summary)
+    return summary, source.origin
+
+
+def _run(model: str, **kw: Any) -> None:
+    from x_estimate.report import Options, build_report
+
+    summary, origin = _summary(model, kw)
+    options = Options(
+        dtypes=tuple(dict.fromkeys(kw["dtypes"])) or DTYPES,
+        optimizer=kw["optimizer"],
+        precision=kw["precision"],
+        int4=kw["int4"],
+        num_gpus=kw["num_gpus"],
+        shard=kw["shard"],
+        seq_len=kw["seq_len"],
+        batch_size=kw["batch_size"],
+        fits=kw["fits"],
+    )
+    report = build_report(summary, name=model, origin=origin, options=options)
+    click.echo(json.dumps(report.as_dict(), indent=2) if kw["as_json"] else report.as_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        code = _command.main(args=_spread_multi_value(args, "--dtypes"), prog_name="x-estimate", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else "Usage: x-estimate [OPTIONS] MODEL", err=True)
+        sys.exit(2)
+    except click.UsageError as exc:
+        # One line, not click's three: what is wrong and where to look.
+        click.echo(f"Error: {exc.format_message()} (see x-estimate --help)", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"Error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -1,0 +1,142 @@
+"""Start-up cost of `x-estimate` vs `accelerate estimate-memory` vs `import torch`, one run.
+
+    nox -s bench            # or: python benchmarks/bench_estimate.py [--repeat 5]
+
+Each command runs as a fresh subprocess on the same local bert-base-cased config folder: what a
+user waits for is interpreter start, imports and the meta-device build, so in-process timing would
+hide most of it. Reported: median wall time of --repeat runs (after one untimed warm-up of each),
+ratios to `python -c "import torch"` (the floor any torch-based tool pays) and x-estimate/Accelerate.
+x-estimate caches summaries by config content, so it is timed twice: with --no-cache (a first
+estimate, building the model as Accelerate does) and plain (a repeat estimate, answered from a
+cache that this script keeps in a temporary folder). Accelerate only reads Hub repos, so its Hub
+lookup is replaced by the local config.json; the rest of its command runs unchanged. Both tools'
+tables are checked, because a fast wrong answer is no answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TARGET = 1.4  # x-estimate may cost at most this many times `import torch`
+
+ACCELERATE = """
+import json, sys, types
+import accelerate.commands.estimate as estimate
+with open(sys.argv[1] + "/config.json") as f:
+    config = json.load(f)
+# create_empty_model looks verify_on_hub up in this module's globals: patching here is enough.
+estimate.verify_on_hub = lambda repo, token=None: types.SimpleNamespace(library_name="transformers", config=config)
+estimate.estimate_command(estimate.estimate_command_parser().parse_args())
+"""
+
+# Expected float32 Total Size. They differ on purpose: x-estimate builds the architecture the
+# config names (BertForMaskedLM), Accelerate builds AutoModel (BertModel, 413.18 MiB); with
+# --base-model x-estimate builds BertModel too and shows 413.18.
+COLD, CACHED, ACC = "x-estimate --no-cache", "x-estimate (cached)", "accelerate estimate-memory"
+EXPECTED = {COLD: "413.30", CACHED: "413.30", ACC: "413.18"}
+
+
+def version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def run(name: str, argv: list[str], env: dict[str, str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"{name} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return elapsed, proc.stdout
+
+
+def float32_total(out: str) -> str:
+    """The float32 Total Size number from either tool's table (markdown `|` or box-drawing `│`)."""
+    rows = [
+        [c.strip() for c in re.split(r"[|│]", line)[1:-1]] for line in out.splitlines() if re.match(r"\s*[|│]", line)
+    ]
+    header = next((r for r in rows if "Total Size" in r), None)
+    row = next((r for r in rows if r and r[0] == "float32"), None)
+    if header is None or row is None:
+        return "no table"
+    return row[header.index("Total Size")].split()[0]
+
+
+def make_config(folder: str) -> None:
+    from transformers import BertConfig
+
+    BertConfig(vocab_size=28996, architectures=["BertForMaskedLM"]).save_pretrained(folder)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeat", type=int, default=5)
+    # nox -s bench passes the same arguments to every benchmark; ignore the ones meant for others.
+    args, _ = parser.parse_known_args()
+
+    for dist in ("torch", "transformers", "accelerate", "x-estimate"):
+        print(f"{dist} {version(dist)}")
+    x_estimate = shutil.which("x-estimate", path=str(Path(sys.executable).parent))
+    if x_estimate is None:
+        sys.exit(f"x-estimate is not installed next to {sys.executable}")
+
+    with tempfile.TemporaryDirectory() as folder, tempfile.TemporaryDirectory() as cache:
+        # Offline: a local folder needs no Hub, and an unreachable network must not time retries.
+        # Own cache folder: a stale entry from the user's cache must neither answer nor be overwritten.
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": cache}
+        make_config(folder)
+        dtypes = ["--dtypes", "float32", "float16"]
+        commands = {
+            "import torch": [sys.executable, "-c", "import torch"],
+            COLD: [x_estimate, folder, *dtypes, "--no-cache"],
+            CACHED: [x_estimate, folder, *dtypes],
+        }
+        if version("accelerate") == "not installed":
+            print("accelerate is not installed: its row is left out (nox -s bench installs it)")
+        else:
+            commands[ACC] = [sys.executable, "-c", ACCELERATE, folder, *dtypes]
+
+        for name, expected in EXPECTED.items():
+            if name in commands:
+                total = float32_total(run(name, commands[name], env)[1])
+                if total != expected:
+                    sys.exit(f"{name}: float32 Total Size {total}, expected {expected}")
+        run("import torch", commands["import torch"], env)  # the others were warmed up by their check
+
+        # Round-robin rather than one command after another, so drift in machine load hits all alike.
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(args.repeat):
+            for name, argv in commands.items():
+                times[name].append(run(name, argv, env)[0])
+
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    base = medians["import torch"]
+    print(f"\nbert-base-cased config, local folder, --dtypes float32 float16; median of {args.repeat} runs")
+    print("| command | median wall s | ratio to `import torch` |")
+    print("|---|---|---|")
+    for name, seconds in medians.items():
+        print(f"| `{name}` | {seconds:.2f} | {seconds / base:.2f} |")
+    if ACC in medians:
+        print(
+            f"x-estimate / Accelerate: {medians[COLD] / medians[ACC]:.2f} (--no-cache), {medians[CACHED] / medians[ACC]:.2f} (cached)"
+        )
+    # Judged on the first estimate: the cache only helps a config already seen.
+    ratio = medians[COLD] / base
+    verdict = "met" if ratio <= TARGET else "NOT met"
+    print(f"target: x-estimate --no-cache <= {TARGET}x `import torch`: {verdict} ({ratio:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

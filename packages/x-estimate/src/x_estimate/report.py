@@ -1,0 +1,256 @@
+"""From a skeleton to the rows x-estimate prints, as text or JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from x_common.module_sizes import sizes_of
+from x_common.sizes import format_size
+from x_estimate.inference import activation_bytes, kv_cache_bytes
+from x_estimate.layers import largest_unit, placement_units
+from x_estimate.quantized import quantized_sizes
+from x_estimate.summary import ModelSummary
+from x_estimate.training import TrainingMemory, training_memory
+
+__all__ = ["DTYPES", "Options", "Report", "Row", "build_report"]
+
+DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
+_ROW_PRECISION = {"float32": "fp32", "float16": "mixed-fp16", "bfloat16": "mixed-bf16"}
+_VALUE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 2, "int4": 2}  # KV cache stays 16-bit
+
+
+@dataclass(frozen=True)
+class Options:
+    dtypes: tuple[str, ...] = DTYPES
+    optimizer: str = "adamw"
+    precision: str = "auto"
+    int4: str = "nf4"
+    num_gpus: int = 1
+    shard: str = "none"
+    seq_len: int | None = None
+    batch_size: int = 1
+    fits: int | None = None
+
+
+@dataclass
+class Row:
+    dtype: str
+    largest_name: str
+    largest: int
+    total: int
+    training: TrainingMemory | None
+    kv_cache: int | None = None
+    activations: int | None = None
+    activations_checkpointed: int | None = None
+    quantized_weights: int = 0
+
+    def inference_total(self) -> int:
+        return self.total + (self.kv_cache or 0)
+
+    def training_total(self) -> int | None:
+        if self.training is None:
+            return None
+        return self.training.total + (self.activations or 0)
+
+
+@dataclass
+class Report:
+    model: str
+    library: str
+    class_name: str
+    origin: str
+    note: str
+    parameters: int
+    rows: list[Row]
+    options: Options
+    assumptions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        opts = self.options
+        return {
+            "model": self.model,
+            "library": self.library,
+            "class": self.class_name,
+            "source": self.origin,
+            "parameters": self.parameters,
+            "options": {
+                "optimizer": opts.optimizer,
+                "precision": opts.precision,
+                "int4_format": opts.int4,
+                "num_gpus": opts.num_gpus,
+                "shard": opts.shard,
+                "seq_len": opts.seq_len,
+                "batch_size": opts.batch_size,
+                "fits": opts.fits,
+            },
+            "rows": [
+                {
+                    "dtype": r.dtype,
+                    "largest_layer": {"name": r.largest_name, "bytes": r.largest},
+                    "total_bytes": r.total,
+                    "training": None if r.training is None else r.training.as_dict(),
+                    "kv_cache_bytes": r.kv_cache,
+                    "activation_bytes": r.activations,
+                    "activation_bytes_checkpointed": r.activations_checkpointed,
+                    "fits": _fits(r, opts.fits),
+                }
+                for r in self.rows
+            ],
+            "assumptions": self.assumptions,
+        }
+
+    def as_text(self) -> str:
+        opts = self.options
+        lines = [
+            f"Memory for `{self.model}`: {self.class_name} ({self.library}, {self.note}; from {self.origin})",
+            f"{self.parameters:,} trainable parameters",
+        ]
+        headers = ["dtype", "Largest Layer", "Total Size", f"Training ({opts.optimizer})"]
+        if opts.num_gpus > 1 or opts.shard != "none":
+            headers[-1] = f"Training ({opts.optimizer}, per device: {opts.num_gpus} x {opts.shard})"
+        if opts.seq_len is not None:
+            headers += ["KV cache", "Activations", "Activations (ckpt)"]
+        if opts.fits is not None:
+            headers += [f"Fits {format_size(opts.fits)}"]
+        table = []
+        for r in self.rows:
+            cells = [r.dtype, format_size(r.largest), format_size(r.total)]
+            cells.append("-" if r.training is None else format_size(r.training.total))
+            if opts.seq_len is not None:
+                cells += [_opt_size(r.kv_cache), _opt_size(r.activations), _opt_size(r.activations_checkpointed)]
+            if opts.fits is not None:
+                fits = _fits(r, opts.fits)
+                cells.append(f"load {'yes' if fits['inference'] else 'no'}, train {_yes_no(fits['training'])}")
+            table.append(cells)
+        lines += _markdown(headers, table)
+        names = {r.largest_name for r in self.rows}
+        if len(names) == 1:
+            lines.append(f"Largest layer: {names.pop() or '(whole model)'}, the largest unit a device map keeps whole.")
+        lines.append("Training breakdown:")
+        for r in self.rows:
+            t = r.training
+            if t is None:
+                continue
+            parts = f"weights {format_size(t.weights)} + gradients {format_size(t.gradients)} + optimizer state {format_size(t.optimizer_state)}"
+            if t.master:
+                parts += f" + fp32 master {format_size(t.master)}"
+            if t.gathered_layer:
+                parts += f" + gathered layer {format_size(t.gathered_layer)}"
+            lines.append(
+                f"  {r.dtype} ({t.precision}): {parts} = {format_size(t.total)} ({t.bytes_per_param:.2f} B/param)"
+            )
+        lines += [f"- {a}" for a in self.assumptions]
+        return "\n".join(lines)
+
+
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
+def _opt_size(value: int | None) -> str:
+    return "-" if value is None else format_size(value)
+
+
+def _fits(row: Row, budget: int | None) -> dict[str, bool | None]:
+    if budget is None:
+        return {"inference": None, "training": None}
+    train = row.training_total()
+    return {"inference": row.inference_total() <= budget, "training": None if train is None else train <= budget}
+
+
+def _markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"  # noqa: E731
+    return [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *[line(r) for r in rows]]
+
+
+def _unit_parameters(summary: ModelSummary, unit: str) -> int:
+    prefix = unit + "."
+    return sum(
+        t.numel
+        for t in summary.tensors
+        if t.is_parameter and any(not unit or n == unit or n.startswith(prefix) for n in t.names)
+    )
+
+
+def build_report(summary: ModelSummary, *, name: str, origin: str, options: Options) -> Report:
+    """Rows for every requested dtype, from the model's summary; no torch needed."""
+    names = [n for t in summary.tensors for n in t.names]
+    units = placement_units(summary.modules, names, summary.no_split)
+    unit_name, _ = largest_unit(sizes_of(summary.tensors, "float32"), units)
+    unit_params = _unit_parameters(summary, unit_name)
+    shape, can_generate = summary.attention, summary.can_generate
+    rows = []
+    for dtype in options.dtypes:
+        quantized = 0
+        if dtype in ("int8", "int4"):
+            sizes, quantized = quantized_sizes(summary, "int8" if dtype == "int8" else options.int4)
+        else:
+            sizes = sizes_of(summary.tensors, dtype)
+        largest_name, largest = largest_unit(sizes, units)
+        precision = None  # training quantized weights (QLoRA trains adapters) is not modelled
+        if dtype in _ROW_PRECISION:
+            precision = options.precision if options.precision != "auto" else _ROW_PRECISION[dtype]
+        training = None
+        if precision is not None:
+            training = training_memory(
+                summary.tensors,
+                precision=precision,
+                optimizer=options.optimizer,
+                num_devices=options.num_gpus,
+                shard=options.shard,
+                largest_unit_params=unit_params,
+            )
+        row = Row(dtype, largest_name, largest, sizes[""], training, quantized_weights=quantized)
+        if options.seq_len is not None and shape is not None:
+            inputs = {"seq_len": options.seq_len, "batch_size": options.batch_size}
+            if can_generate:
+                row.kv_cache = kv_cache_bytes(shape, **inputs, bytes_per_value=_VALUE_BYTES[dtype])
+            if training is not None:
+                row.activations = activation_bytes(shape, **inputs, checkpointing=False)
+                row.activations_checkpointed = activation_bytes(shape, **inputs, checkpointing=True)
+        rows.append(row)
+    assumptions = _assumptions(options, rows, shape, can_generate)
+    return Report(
+        name, summary.library, summary.class_name, origin, summary.note, summary.parameters, rows, options, assumptions
+    )
+
+
+def _assumptions(options: Options, rows: list[Row], shape: Any, can_generate: bool) -> list[str]:
+    notes = [
+        "Total Size: parameters and buffers, tied weights once; binary units (1 MiB = 2^20 bytes). "
+        "Loading needs this much; running a forward pass needs more (activations, workspace).",
+    ]
+    if any(r.training for r in rows):
+        how = (
+            "per row: float32 -> fp32, float16 -> mixed-fp16, bfloat16 -> mixed-bf16"
+            if options.precision == "auto"
+            else options.precision
+        )
+        notes.append(
+            f"Training: weights + gradients + optimizer state + fp32 master copy, summed ({how}); "
+            "activations are extra (give --seq-len to estimate them)."
+        )
+    quant = [r for r in rows if r.dtype in ("int8", "int4")]
+    if quant:
+        fmt = {"int8": "int8 (LLM.int8, float32 row scales)", "int4": f"int4 ({options.int4})"}
+        notes.append(
+            "Quantized rows: only linear weights are quantized ("
+            + ", ".join(f"{fmt[r.dtype]}: {r.quantized_weights} weights" for r in quant)
+            + "); embeddings, norms, biases and the output head stay float16; block/group scales included."
+        )
+    if options.seq_len is not None:
+        if shape is None:
+            notes.append(
+                "KV cache and activations: not estimated (no attention shape in the config, or an encoder-decoder model)."
+            )
+        else:
+            if not can_generate:
+                notes.append("KV cache: not a decoder-only model; no cache.")
+            notes.append(
+                f"Inputs: {options.batch_size} x {options.seq_len} tokens. KV cache in the row's dtype (16-bit for "
+                "int8/int4 rows); activations per "
+                "Korthikanti et al. 2022 (16-bit, attention scores kept: an upper bound with fused attention)."
+            )
+    return notes
