@@ -120,13 +120,32 @@ def docs(session: nox.Session) -> None:
     session.run("mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site"))
 
 
+# Command-line tools shown by the demo, on inputs the repository ships.
+DEMO_COMMANDS = (
+    (
+        "x-estimate",
+        "examples/configs/llama-3.1-8b",
+        "--dtypes",
+        "bfloat16",
+        "int4",
+        "--seq-len",
+        "8192",
+        "--fits",
+        "80GiB",
+    ),
+)
+
+
 @nox.session(python=None)
 def demo(session: nox.Session) -> None:
-    """The main job: every example, printing what it shows."""
+    """The main job: every example and CLI, printing what it shows."""
     install(session, PACKAGES, tools=())
     for example in sorted((ROOT / "examples").glob("*.py")):
         session.log(f"--- examples/{example.name}")
         session.run("python", str(example), *session.posargs)
+    for command in DEMO_COMMANDS:
+        session.log(f"--- {' '.join(command)}")
+        session.run(*command, env={"XDG_CACHE_HOME": session.create_tmp()})
 
 
 @nox.session(python=None)

@@ -127,11 +127,10 @@ def main() -> None:
     print("| command | median wall s | ratio to `import torch` |")
     print("|---|---|---|")
     for name, seconds in medians.items():
-        print(f"| `{name}` | {seconds:.2f} | {seconds / base:.2f} |")
+        print(f"| {name} | {seconds:.2f} | {seconds / base:.2f} |")
     if ACC in medians:
-        print(
-            f"x-estimate / Accelerate: {medians[COLD] / medians[ACC]:.2f} (--no-cache), {medians[CACHED] / medians[ACC]:.2f} (cached)"
-        )
+        cold, cached = medians[COLD] / medians[ACC], medians[CACHED] / medians[ACC]
+        print(f"x-estimate / Accelerate: {cold:.2f} (--no-cache), {cached:.2f} (cached)")
     # Judged on the first estimate: the cache only helps a config already seen.
     ratio = medians[COLD] / base
     verdict = "met" if ratio <= TARGET else "NOT met"

@@ -251,3 +251,33 @@ def test_named_tensors_keeps_duplicates() -> None:
         "running_var",
         "num_batches_tracked",
     ]
+
+
+def test_tensor_infos_describe_each_tensor_once_with_all_names() -> None:
+    from x_common.module_sizes import tensor_infos
+
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight
+    model = torch.nn.ModuleDict({"emb": emb, "head": head, "norm": torch.nn.BatchNorm1d(4)})
+    model["norm"].weight.requires_grad_(False)
+    infos = {info.names[0]: info for info in tensor_infos(model)}
+    assert infos["emb.weight"].names == ("emb.weight", "head.weight")
+    assert infos["emb.weight"].shape == (10, 4) and infos["emb.weight"].dtype == "float32"
+    assert infos["emb.weight"].is_parameter and infos["emb.weight"].requires_grad
+    assert infos["norm.weight"].requires_grad is False
+    assert infos["norm.num_batches_tracked"].dtype == "int64" and not infos["norm.num_batches_tracked"].is_parameter
+    assert len(infos) == 6  # emb/head weight once, norm weight, bias, running_mean, running_var, num_batches_tracked
+
+
+def test_sizes_of_recomputes_from_plain_data_in_other_dtypes() -> None:
+    from x_common.module_sizes import TensorInfo, sizes_of
+
+    tensors = [
+        TensorInfo(("a.w", "b.w"), (100, 10), "float32"),
+        TensorInfo(("a.steps",), (3,), "int64", is_parameter=False),
+    ]
+    assert sizes_of(tensors) == {"": 4024, "a": 4024, "a.w": 4000, "a.steps": 24, "b": 4000, "b.w": 4000}
+    assert sizes_of(tensors, "int4")[""] == 500 + 24  # integers keep their size
+    with pytest.raises(ValueError, match="unknown dtype 'float31'"):
+        sizes_of(tensors, "float31")

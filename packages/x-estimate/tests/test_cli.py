@@ -39,3 +39,25 @@ def test_declared_dependencies_import_in_this_venv() -> None:
         model = timm.create_model("resnet18", pretrained=False)
     assert sum(p.numel() for p in model.parameters()) == 11_689_512
     assert transformers.__version__ and huggingface_hub.__version__
+
+
+def test_help_lists_the_options(exe: str) -> None:
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for option in ("--library_name", "--dtypes", "--base-model", "--optimizer", "--precision", "--shard"):
+        assert option in out.stdout
+    assert "x-estimate resnet50 --library_name timm" in out.stdout
+
+
+def test_dtypes_values_before_the_model(model_dir, configs, cli) -> None:
+    # Accelerate's multi-value spelling placed before MODEL: the first word after the dtypes
+    # that is no dtype is the model, not one more (invalid) dtype.
+    folder = model_dir(configs.gpt2())
+    result = cli("--dtypes", "float32", "float16", folder, "--json")
+    assert result.code == 0, result.err
+    assert [r["dtype"] for r in result.json["rows"]] == ["float32", "float16"]
+    assert result.json["model"] == str(folder)
+    # A first word that is no dtype is still the option's value, and refused as such.
+    bad = cli("--dtypes", "float64", folder)
+    assert bad.code == 2
+    assert "Invalid value for '--dtypes': 'float64' is not one of" in bad.err

@@ -44,11 +44,15 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
             out += [x for v in arg.split("=", 1)[1].split(",") if v for x in (option, v)]
         elif arg == option:
             i += 1
-            took = False
+            took = 0
+            # Take words while they are dtypes, so "--dtypes float32 float16 MODEL" leaves MODEL;
+            # a first word that is no dtype is still taken, for click to name it as invalid.
             while i < len(argv) and not argv[i].startswith("-"):
-                # One positional is the MODEL: keep the last bare word for it if no model came before.
-                out += [x for v in argv[i].split(",") if v for x in (option, v)]
-                took = True
+                values = [v for v in argv[i].split(",") if v]
+                if took and not all(v in DTYPES for v in values):
+                    break
+                out += [x for v in values for x in (option, v)]
+                took += 1
                 i += 1
             if not took:
                 out.append(option)

@@ -7,7 +7,7 @@ the config has one, and sliding-window layers holding at most ``sliding_window``
 
 Activations of one training step, per transformer layer (Korthikanti et al., 2022, "Reducing
 Activation Recomputation in Large Transformer Models", no tensor or sequence parallelism,
-16-bit activations): ``s*b*h*(34 + 5*a*s/h)`` bytes without recomputation, and ``2*s*b*h``
+16-bit activations; doubled for fp32 training): ``s*b*h*(34 + 5*a*s/h)`` bytes without recomputation, and ``2*s*b*h``
 bytes (each layer's input) with full activation checkpointing. The ``5*a*s/h`` term is the
 attention score matrix; fused attention kernels (FlashAttention, SDPA) do not keep it, so the
 figure without checkpointing is an upper bound for them. Embeddings and the loss's logits are
@@ -24,6 +24,8 @@ __all__ = ["AttentionShape", "activation_bytes", "attention_shape", "kv_cache_by
 
 @dataclass(frozen=True)
 class AttentionShape:
+    """Attention geometry of a decoder stack: what the KV cache and activation formulas need."""
+
     layers: int
     hidden: int
     heads: int
@@ -72,8 +74,13 @@ def kv_cache_bytes(shape: AttentionShape, *, seq_len: int, batch_size: int, byte
     return int(2 * shape.kv_heads * shape.head_dim * positions * batch_size * bytes_per_value)
 
 
-def activation_bytes(shape: AttentionShape, *, seq_len: int, batch_size: int, checkpointing: bool) -> int:
+def activation_bytes(
+    shape: AttentionShape, *, seq_len: int, batch_size: int, checkpointing: bool, bytes_per_value: int = 2
+) -> int:
     """Activation bytes of one training step (Korthikanti et al., 2022), all layers.
+
+    The paper's constants assume 16-bit activations; ``bytes_per_value=4`` (fp32 training)
+    doubles them, a slight overestimate for the 1-byte dropout masks they include.
 
     Examples:
         >>> s = AttentionShape(1, 1024, 16, 16, 64, (None,))
@@ -82,4 +89,4 @@ def activation_bytes(shape: AttentionShape, *, seq_len: int, batch_size: int, ch
     """
     s, b, h, a = seq_len, batch_size, shape.hidden, shape.heads
     per_layer = 2 * s * b * h if checkpointing else s * b * h * 34 + 5 * a * s * s * b
-    return shape.layers * per_layer
+    return shape.layers * per_layer * bytes_per_value // 2

@@ -48,10 +48,11 @@ class Row:
     def inference_total(self) -> int:
         return self.total + (self.kv_cache or 0)
 
-    def training_total(self) -> int | None:
+    def training_total(self, *, checkpointing: bool = False) -> int | None:
         if self.training is None:
             return None
-        return self.training.total + (self.activations or 0)
+        activations = self.activations_checkpointed if checkpointing else self.activations
+        return self.training.total + (activations or 0)
 
 
 @dataclass
@@ -107,8 +108,10 @@ class Report:
             f"{self.parameters:,} trainable parameters",
         ]
         headers = ["dtype", "Largest Layer", "Total Size", f"Training ({opts.optimizer})"]
-        if opts.num_gpus > 1 or opts.shard != "none":
-            headers[-1] = f"Training ({opts.optimizer}, per device: {opts.num_gpus} x {opts.shard})"
+        if opts.shard != "none":
+            headers[-1] = f"Training ({opts.optimizer}, per device, {opts.shard} over {opts.num_gpus})"
+        elif opts.num_gpus > 1:
+            headers[-1] = f"Training ({opts.optimizer}, per device, data parallel over {opts.num_gpus})"
         if opts.seq_len is not None:
             headers += ["KV cache", "Activations", "Activations (ckpt)"]
         if opts.fits is not None:
@@ -121,7 +124,10 @@ class Report:
                 cells += [_opt_size(r.kv_cache), _opt_size(r.activations), _opt_size(r.activations_checkpointed)]
             if opts.fits is not None:
                 fits = _fits(r, opts.fits)
-                cells.append(f"load {'yes' if fits['inference'] else 'no'}, train {_yes_no(fits['training'])}")
+                cell = f"load {'yes' if fits['inference'] else 'no'}, train {_yes_no(fits['training'])}"
+                if fits["training"] is False and fits["training_checkpointed"]:
+                    cell += " (yes with activation checkpointing)"
+                cells.append(cell)
             table.append(cells)
         lines += _markdown(headers, table)
         names = {r.largest_name for r in self.rows}
@@ -154,9 +160,13 @@ def _opt_size(value: int | None) -> str:
 
 def _fits(row: Row, budget: int | None) -> dict[str, bool | None]:
     if budget is None:
-        return {"inference": None, "training": None}
-    train = row.training_total()
-    return {"inference": row.inference_total() <= budget, "training": None if train is None else train <= budget}
+        return {"inference": None, "training": None, "training_checkpointed": None}
+    train, ckpt = row.training_total(), row.training_total(checkpointing=True)
+    return {
+        "inference": row.inference_total() <= budget,
+        "training": None if train is None else train <= budget,
+        "training_checkpointed": None if ckpt is None or row.activations_checkpointed is None else ckpt <= budget,
+    }
 
 
 def _markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
@@ -208,8 +218,11 @@ def build_report(summary: ModelSummary, *, name: str, origin: str, options: Opti
             if can_generate:
                 row.kv_cache = kv_cache_bytes(shape, **inputs, bytes_per_value=_VALUE_BYTES[dtype])
             if training is not None:
-                row.activations = activation_bytes(shape, **inputs, checkpointing=False)
-                row.activations_checkpointed = activation_bytes(shape, **inputs, checkpointing=True)
+                act = 4 if training.precision == "fp32" else 2
+                row.activations = activation_bytes(shape, **inputs, checkpointing=False, bytes_per_value=act)
+                row.activations_checkpointed = activation_bytes(
+                    shape, **inputs, checkpointing=True, bytes_per_value=act
+                )
         rows.append(row)
     assumptions = _assumptions(options, rows, shape, can_generate)
     return Report(
@@ -251,6 +264,7 @@ def _assumptions(options: Options, rows: list[Row], shape: Any, can_generate: bo
             notes.append(
                 f"Inputs: {options.batch_size} x {options.seq_len} tokens. KV cache in the row's dtype (16-bit for "
                 "int8/int4 rows); activations per "
-                "Korthikanti et al. 2022 (16-bit, attention scores kept: an upper bound with fused attention)."
+                "Korthikanti et al. 2022 (16-bit, 32-bit for fp32 training; attention scores kept: an upper bound "
+                "with fused attention)."
             )
     return notes

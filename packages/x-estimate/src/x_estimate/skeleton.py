@@ -67,8 +67,11 @@ def _load_config(source: ModelSource, trust_remote_code: bool) -> Any:
             f"{source.name} defines its model in its own code (auto_map in config.json); read that code, "
             "then pass --trust_remote_code to run it"
         )
+    # Remote code lives in the repo's .py files, which only the Hub id (not the cached
+    # config.json alone) lets transformers fetch: code, never weights.
+    location = source.name if uses_remote_code and source.origin.startswith("Hugging Face") else str(source.config_dir)
     try:
-        return AutoConfig.from_pretrained(str(source.config_dir), trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
     except ValueError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "trust_remote_code" in str(exc):
@@ -80,11 +83,17 @@ def _load_config(source: ModelSource, trust_remote_code: bool) -> Any:
         raise EstimateError(f"{source.name}: transformers cannot read its config: {exc}") from None
 
 
-def _model_class(config: Any, base_model: bool) -> tuple[Any, str]:
+def _model_class(config: Any, base_model: bool, trust_remote_code: bool) -> tuple[Any, str]:
     import transformers
 
     if base_model:
         return transformers.AutoModel, "the bare base model (--base-model), as Accelerate builds it"
+    auto_map = getattr(config, "auto_map", None)
+    if trust_remote_code and isinstance(auto_map, dict):
+        # The repo's own classes, even where config.architectures names a built-in one.
+        tasks = [k for k in auto_map if k.startswith("AutoModelFor")] or [k for k in auto_map if k == "AutoModel"]
+        if tasks:
+            return getattr(transformers, tasks[0]), f"the repo's own code (auto_map {tasks[0]})"
     for name in getattr(config, "architectures", None) or []:
         cls = getattr(transformers, name, None)
         if cls is not None:
@@ -129,7 +138,7 @@ def _tie(model: torch.nn.Module, config: Any) -> None:
 
 def _transformers(source: ModelSource, *, base_model: bool, trust_remote_code: bool) -> Skeleton:
     config = _load_config(source, trust_remote_code)
-    cls, why = _model_class(config, base_model)
+    cls, why = _model_class(config, base_model, trust_remote_code)
     try:
         model = _instantiate(cls, config, trust_remote_code)
     except ValueError as exc:

@@ -78,7 +78,13 @@ def resolve_source(model: str, library: str | None = None, *, token: str | None 
         )
     if library == "timm" or (library is None and (model.startswith("hf-hub:") or _is_timm_name(model))):
         return _timm(model)
-    return _hub(model, library, token)
+    try:
+        return _hub(model, library, token)
+    except EstimateError as exc:
+        if "/" in model or library is not None or _timm_module() is not None:
+            raise
+        # A bare name may be a timm model that we could not recognise without timm.
+        raise EstimateError(f'{exc} (if {model} is a timm model: pip install "x-estimate[timm]")') from None
 
 
 def _local(model: str, path: Path, library: str | None) -> ModelSource:
@@ -134,10 +140,7 @@ def _timm(model: str) -> ModelSource:
             f'{model!r} is not a timm model name; list them with: python -c "import timm; print(timm.list_models())"'
         )
     source = _hub(name, "timm", None)
-    arch = (source.config or {}).get("architecture")
-    if not isinstance(arch, str):
-        raise EstimateError(f"{name}'s config.json names no timm 'architecture'")
-    return ModelSource(model, "timm", source.origin, source.config_dir, source.config, arch)
+    return ModelSource(model, "timm", source.origin, source.config_dir, source.config, source.timm_name)
 
 
 def _hub(repo_id: str, library: str | None, token: str | None) -> ModelSource:
@@ -196,4 +199,10 @@ def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
 
 def _from_config_file(repo_id: str, library: str | None, path: Path, origin: str) -> ModelSource:
     config = _read_config(path, repo_id)
-    return ModelSource(repo_id, library or _library_of(config), origin, path.parent, config)
+    found = library or _library_of(config)
+    if found == "timm":
+        arch = config.get("architecture")
+        if not isinstance(arch, str):
+            raise EstimateError(f"{repo_id}'s config.json names no timm 'architecture'")
+        return ModelSource(repo_id, "timm", origin, path.parent, config, arch)
+    return ModelSource(repo_id, found, origin, path.parent, config)

@@ -42,7 +42,7 @@ class ModelSummary:
     @classmethod
     def from_json(cls, text: str) -> ModelSummary:
         data = json.loads(text)
-        if data.pop("format", None) != SUMMARY_FORMAT:
+        if not isinstance(data, dict) or data.pop("format", None) != SUMMARY_FORMAT:
             raise ValueError("summary written by another version")
         data["tensors"] = [
             TensorInfo(tuple(t["names"]), tuple(t["shape"]), t["dtype"], t["is_parameter"], t["requires_grad"])

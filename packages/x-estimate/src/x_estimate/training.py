@@ -1,6 +1,7 @@
 """Training memory as a sum with its parts: weights, gradients, optimizer state, fp32 master copy.
 
-Bytes per parameter (``P`` trainable parameters; buffers are added to the weights at their size):
+Bytes per parameter (``P`` trainable parameters; frozen parameters count as weights only, and
+buffers are added to the weights unsharded):
 
 | precision   | weights | gradients | master | optimizer state dtype |
 |-------------|---------|-----------|--------|-----------------------|
@@ -120,10 +121,13 @@ def training_memory(
     w_bytes, g_bytes, m_bytes, s_bytes = _PRECISION[precision]
     params = [t for t in tensors if t.is_parameter and t.requires_grad]
     count = sum(p.numel for p in params)
-    frozen = [t for t in tensors if not (t.is_parameter and t.requires_grad)]
-    frozen_bytes = sum(t.nbytes("bfloat16" if w_bytes == 2 else "float32") for t in frozen)
+    weight_dtype = "bfloat16" if w_bytes == 2 else "float32"
+    # Frozen parameters are weights without gradients or state (ZeRO-3/FSDP still shard them);
+    # buffers are never sharded.
+    frozen = sum(t.nbytes(weight_dtype) for t in tensors if t.is_parameter and not t.requires_grad)
+    buffers = sum(t.nbytes(weight_dtype) for t in tensors if not t.is_parameter)
 
-    weights, gradients = count * w_bytes, count * g_bytes
+    weights, gradients = count * w_bytes + frozen, count * g_bytes
     master, state = count * m_bytes, _optimizer_bytes(params, optimizer, s_bytes)
     n = num_devices if shard != "none" else 1
     if shard in ("zero1", "zero2", "zero3", "fsdp"):
@@ -135,5 +139,5 @@ def training_memory(
         weights = math.ceil(weights / n)
         gathered = largest_unit_params * w_bytes if n > 1 else 0
     return TrainingMemory(
-        precision, optimizer, shard, num_devices, count, weights + frozen_bytes, gradients, state, master, gathered
+        precision, optimizer, shard, num_devices, count, weights + buffers, gradients, state, master, gathered
     )
