@@ -41,6 +41,8 @@ FOREIGN_NAMES = {
     "CUDA_VISIBLE_DEVICES",
     "PJRT_DEVICE",
     "CPU_NUM_DEVICES",
+    "HF_TOKEN",
+    "XDG_CACHE_HOME",
 }
 
 

@@ -60,7 +60,7 @@ def test_hub_id_not_cached_while_offline_says_how_to_fix(cli) -> None:
         resolve_source("acme/not-cached")
     message = str(exc.value)
     assert "acme/not-cached is not in the Hugging Face cache and HF_HUB_OFFLINE is set" in message
-    assert "huggingface-cli download acme/not-cached config.json" in message
+    assert "hf download acme/not-cached config.json" in message
     assert "local folder" in message
 
     result = cli("acme/not-cached")
@@ -112,7 +112,7 @@ def test_hub_unreachable_when_online_fails_fast_with_the_fix(monkeypatch) -> Non
         resolve_source("acme/not-cached")
     assert str(exc.value) == (
         "acme/not-cached is not in the Hugging Face cache and http://127.0.0.1:9 cannot be reached: "
-        "download its config once (huggingface-cli download acme/not-cached config.json) or pass a local folder"
+        "download its config once (hf download acme/not-cached config.json) or pass a local folder"
     )
 
 

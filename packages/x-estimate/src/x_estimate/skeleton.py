@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from x_estimate.errors import EstimateError
-from x_estimate.source import _TIMM_INSTALL, ModelSource, _timm_module
+from x_estimate.source import _TIMM_INSTALL, ModelSource, _timm_module, hub_reachable
 
 __all__ = ["Skeleton", "build_skeleton"]
 
@@ -59,6 +59,7 @@ def _timm(source: ModelSource) -> Skeleton:
 
 
 def _load_config(source: ModelSource, trust_remote_code: bool) -> Any:
+    from huggingface_hub import constants
     from transformers import AutoConfig
 
     uses_remote_code = bool((source.config or {}).get("auto_map"))
@@ -69,9 +70,15 @@ def _load_config(source: ModelSource, trust_remote_code: bool) -> Any:
         )
     # Remote code lives in the repo's .py files, which only the Hub id (not the cached
     # config.json alone) lets transformers fetch: code, never weights.
-    location = source.name if uses_remote_code and source.origin.startswith("Hugging Face") else str(source.config_dir)
+    from_hub = uses_remote_code and source.origin.startswith("Hugging Face")
+    location = source.name if from_hub else str(source.config_dir)
+    if from_hub and not constants.HF_HUB_OFFLINE and not hub_reachable():
+        # transformers would retry for ~20 s before failing.
+        raise EstimateError(
+            f"{source.name} needs its code files from the Hub, which cannot be reached; pass a local folder"
+        )
     try:
-        return AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code)
+        return AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, token=source.token)
     except ValueError as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "trust_remote_code" in str(exc):
@@ -80,7 +87,8 @@ def _load_config(source: ModelSource, trust_remote_code: bool) -> Any:
             ) from None
         raise EstimateError(f"{source.name}: transformers cannot read its config: {first}") from None
     except (OSError, KeyError, TypeError) as exc:
-        raise EstimateError(f"{source.name}: transformers cannot read its config: {exc}") from None
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise EstimateError(f"{source.name}: transformers cannot read its config: {first}") from None
 
 
 def _model_class(config: Any, base_model: bool, trust_remote_code: bool) -> tuple[Any, str]:

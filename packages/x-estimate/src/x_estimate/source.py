@@ -9,7 +9,7 @@ import json
 import os
 import socket
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class ModelSource:
     config_dir: Path | None = None
     config: dict[str, Any] | None = None
     timm_name: str | None = None
+    token: str | None = field(default=None, repr=False)  # for fetching remote code of gated repos
 
 
 def _library_of(config: dict[str, Any]) -> str:
@@ -67,6 +68,10 @@ def resolve_source(model: str, library: str | None = None, *, token: str | None 
     Raises:
         EstimateError: the model cannot be found; the message says where it looked and what to do.
     """
+    return replace(_resolve(model, library, token), token=token)
+
+
+def _resolve(model: str, library: str | None, token: str | None) -> ModelSource:
     if library is not None and library not in LIBRARIES:
         raise EstimateError(f"unknown library {library!r}; expected one of {', '.join(LIBRARIES)}")
     path = Path(model).expanduser()
@@ -91,14 +96,7 @@ def _local(model: str, path: Path, library: str | None) -> ModelSource:
     config_path = path / "config.json" if path.is_dir() else path
     if not config_path.is_file():
         raise EstimateError(f"{model} has no config.json; pass the folder a model was saved to (save_pretrained)")
-    config = _read_config(config_path, model)
-    found = library or _library_of(config)
-    if found == "timm":
-        arch = config.get("architecture")
-        if not isinstance(arch, str):
-            raise EstimateError(f"{config_path} names no timm 'architecture'; is this a timm model folder?")
-        return ModelSource(model, "timm", "local folder", config_path.parent, config, arch)
-    return ModelSource(model, "transformers", "local folder", config_path.parent, config)
+    return _from_config_file(model, library, config_path, "local folder")
 
 
 def _timm_module() -> Any:
@@ -160,7 +158,7 @@ def _hub(repo_id: str, library: str | None, token: str | None) -> ModelSource:
         return _from_config_file(repo_id, library, path, "Hugging Face cache")
     except (EntryNotFoundError, OSError, ValueError):
         pass
-    how = f"download its config once (huggingface-cli download {repo_id} config.json) or pass a local folder"
+    how = f"download its config once (hf download {repo_id} config.json) or pass a local folder"
     if offline:
         raise EstimateError(f"{repo_id} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: {how}")
     if not _reachable(constants.ENDPOINT):
@@ -172,7 +170,7 @@ def _hub(repo_id: str, library: str | None, token: str | None) -> ModelSource:
         path = Path(hf_hub_download(repo_id, "config.json", token=token))
     except GatedRepoError:
         raise EstimateError(
-            f"{repo_id} is gated: accept its terms on the Hub, then log in (huggingface-cli login) or set HF_TOKEN"
+            f"{repo_id} is gated: accept its terms on the Hub, then log in (hf auth login) or set HF_TOKEN"
         ) from None
     except RepositoryNotFoundError:
         raise EstimateError(
@@ -187,6 +185,13 @@ def _hub(repo_id: str, library: str | None, token: str | None) -> ModelSource:
     return _from_config_file(repo_id, library, path, "Hugging Face Hub")
 
 
+def hub_reachable() -> bool:
+    """Whether the Hub answers a TCP connection within a few seconds."""
+    from huggingface_hub import constants
+
+    return _reachable(constants.ENDPOINT)
+
+
 def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
     parsed = urllib.parse.urlparse(endpoint)
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
@@ -197,12 +202,12 @@ def _reachable(endpoint: str, timeout: float = 3.0) -> bool:
         return False
 
 
-def _from_config_file(repo_id: str, library: str | None, path: Path, origin: str) -> ModelSource:
-    config = _read_config(path, repo_id)
+def _from_config_file(model: str, library: str | None, path: Path, origin: str) -> ModelSource:
+    config = _read_config(path, model)
     found = library or _library_of(config)
     if found == "timm":
         arch = config.get("architecture")
         if not isinstance(arch, str):
-            raise EstimateError(f"{repo_id}'s config.json names no timm 'architecture'")
-        return ModelSource(repo_id, "timm", origin, path.parent, config, arch)
-    return ModelSource(repo_id, found, origin, path.parent, config)
+            raise EstimateError(f"{path} names no timm 'architecture'; is {model} a timm model?")
+        return ModelSource(model, "timm", origin, path.parent, config, arch)
+    return ModelSource(model, found, origin, path.parent, config)
