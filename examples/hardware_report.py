@@ -33,7 +33,7 @@ def main() -> None:
 
     with torch.device("meta"):
         model = torch.nn.Transformer(
-            d_model=1024, nhead=16, num_encoder_layers=args.layers, num_decoder_layers=args.layers
+            d_model=1024, nhead=16, num_encoder_layers=args.layers, num_decoder_layers=args.layers, batch_first=True
         )
     params = sum(p.numel() for p in model.parameters())
     print(f"\nTransformer, {args.layers}+{args.layers} layers, d_model 1024: {params:,} parameters")

@@ -14,8 +14,11 @@ import click
 
 from x_common import env
 from x_estimate._version import __version__
+from x_estimate.quantized import INT4_FORMATS
+from x_estimate.report import DTYPES
+from x_estimate.source import LIBRARIES
+from x_estimate.training import OPTIMIZERS, PRECISIONS, SHARDS
 
-DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
 _SIZE_HELP = "a size such as 80GiB or 40GB"
 
 
@@ -68,7 +71,7 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
 @click.option(
     "--library_name",
     "--library-name",
-    type=click.Choice(["transformers", "timm"]),
+    type=click.Choice(LIBRARIES),
     help="Library of MODEL (detected when omitted).",
 )
 @click.option(
@@ -84,12 +87,10 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
     help="Run the model's own code from its repo (read it first).",
 )
 @click.option("--base-model", is_flag=True, help="Build the bare AutoModel, without task head, as Accelerate does.")
-@click.option(
-    "--optimizer", type=click.Choice(["adamw", "adamw8bit", "sgd", "adafactor"]), default="adamw", show_default=True
-)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
 @click.option(
     "--precision",
-    type=click.Choice(["auto", "fp32", "mixed-bf16", "mixed-fp16", "bf16"]),
+    type=click.Choice(("auto", *PRECISIONS)),
     default="auto",
     show_default=True,
     help="Training precision; auto: float32 row fp32, float16 row mixed-fp16, bfloat16 row mixed-bf16.",
@@ -97,7 +98,7 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
 @click.option(
     "--int4",
     "int4",
-    type=click.Choice(["nf4", "nf4-dq", "gptq", "awq"]),
+    type=click.Choice(INT4_FORMATS),
     default="nf4",
     show_default=True,
     help="Format of the int4 row.",
@@ -109,9 +110,7 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
     show_default=True,
     help="Devices training shares the model over.",
 )
-@click.option(
-    "--shard", type=click.Choice(["none", "zero1", "zero2", "zero3", "fsdp"]), default="none", show_default=True
-)
+@click.option("--shard", type=click.Choice(SHARDS), default="none", show_default=True)
 @click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence: adds KV cache and activations.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--fits", type=_Size(), help=f"Say which rows fit in this memory ({_SIZE_HELP}).")
