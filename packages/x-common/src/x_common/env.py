@@ -114,7 +114,10 @@ FSDP_TRANSFORMER_CLS_TO_WRAP = _var(
 FSDP_MIN_NUM_PARAMS = _var("FSDP_MIN_NUM_PARAMS", Int(minimum=0), 100_000_000, "parameter count for SIZE_BASED_WRAP")
 FSDP_OFFLOAD_PARAMS = _var("FSDP_OFFLOAD_PARAMS", Bool(), False, "keep sharded parameters on CPU")
 FSDP_STATE_DICT_TYPE = _var(
-    "FSDP_STATE_DICT_TYPE", Choice(("FULL_STATE_DICT", "SHARDED_STATE_DICT")), "FULL_STATE_DICT", "checkpoint layout"
+    "FSDP_STATE_DICT_TYPE",
+    Choice(("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")),
+    "FULL_STATE_DICT",
+    "checkpoint layout",
 )
 FSDP_ACTIVATION_CHECKPOINTING = _var(
     "FSDP_ACTIVATION_CHECKPOINTING", Bool(), False, "recompute wrapped blocks in backward"
@@ -168,6 +171,8 @@ PJRT_DEVICE = EnvVar("PJRT_DEVICE", Choice(("TPU", "CPU", "CUDA", "NEURON")), No
 CPU_NUM_DEVICES = EnvVar("CPU_NUM_DEVICES", Int(minimum=1), None, "torch_xla virtual CPU devices")
 HF_TOKEN = EnvVar("HF_TOKEN", Str(), None, "Hugging Face token for gated and private repos")
 XDG_CACHE_HOME = EnvVar("XDG_CACHE_HOME", Str(), None, "where per-user caches live (default ~/.cache)")
+XDG_CONFIG_HOME = EnvVar("XDG_CONFIG_HOME", Str(), None, "where per-user config files live (default ~/.config)")
+HF_HOME = EnvVar("HF_HOME", Str(), None, "Hugging Face's home; Accelerate keeps its config below it")
 
 FOREIGN: tuple[EnvVar, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, EnvVar) and value not in CONTRACT

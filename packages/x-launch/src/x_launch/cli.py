@@ -1,18 +1,166 @@
-"""The ``x-launch`` command line."""
+"""The ``x-launch`` command line.
+
+Nothing heavy is imported at start: ``x-launch --help`` and ``x-launch config show`` never
+import torch; ``config default`` and ``env`` do, to look at the hardware.
+"""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
 
 import click
 
 from x_launch._version import __version__
 
+_CONFIG_FILE = click.option(
+    "--config_file",
+    "--config-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Config file to use instead of the default location (also: X_CONFIG_FILE).",
+)
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="x-launch")
-def main() -> None:
+def _cli() -> None:
     """Configure, check and launch PyTorch scripts.
 
     \b
     Examples:
       x-launch --version
+      x-launch config                  # questions, with defaults detected on this machine
+      x-launch config default          # write a config for this machine
+      x-launch config show             # the effective config, and where each value comes from
+      x-launch env                     # versions, devices and config, for a bug report
     """
+
+
+@_cli.group(invoke_without_command=True)
+@_CONFIG_FILE
+@click.option("--force", is_flag=True, help="Replace an existing file without asking.")
+@click.pass_context
+def config(ctx: click.Context, config_file: Path | None, force: bool) -> None:
+    """Create and inspect the launch config (YAML, Accelerate's key names).
+
+    Without a subcommand, asks questions (Enter accepts the default shown) and saves the answers.
+
+    \b
+    Examples:
+      x-launch config
+      x-launch config --config_file ./launch.yaml
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from x_common.devices import device_count
+    from x_launch.config_file import save_config
+    from x_launch.questionnaire import ask_config
+
+    path = _target_path(config_file)
+    if path.exists() and not force:
+        # Ask before the questions, not after: nobody should answer twenty questions for nothing.
+        click.confirm(f"{path} exists. Replace it?", abort=True)
+    values = ask_config(gpus=device_count("cuda"))
+    save_config(path, values, force=True)
+    click.echo(f"wrote {path}")
+
+
+def _target_path(config_file: Path | None) -> Path:
+    from x_common import env
+    from x_launch.config_file import default_config_path
+
+    named = env.CONFIG_FILE.read()
+    return config_file or (Path(named).expanduser() if named else default_config_path())
+
+
+@config.command("default")
+@_CONFIG_FILE
+@click.option("--force", is_flag=True, help="Replace an existing file.")
+def config_default(config_file: Path | None, force: bool) -> None:
+    """Write a config for this machine without asking questions.
+
+    \b
+    Examples:
+      x-launch config default
+      x-launch config default --config_file ./launch.yaml --force
+    """
+    from x_common.devices import device_count
+    from x_launch.config_file import save_config
+
+    path = _target_path(config_file)
+    gpus = device_count("cuda")
+    values = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "MULTI_GPU" if gpus > 1 else "NO",
+        "num_machines": 1,
+        "num_processes": max(gpus, 1),
+        "machine_rank": 0,
+        "main_process_port": 29500,
+        "rdzv_backend": "static",
+        "gpu_ids": "all",
+        "mixed_precision": "no",
+        "use_cpu": gpus == 0,
+    }
+    save_config(path, values, force=force)
+    click.echo(f"wrote {path}")
+
+
+@config.command("show")
+@_CONFIG_FILE
+def config_show(config_file: Path | None) -> None:
+    """Print the effective config and where each value came from.
+
+    \b
+    Precedence: flag > X_LAUNCH_<KEY> variable > config file > default.
+    """
+    from x_launch.config_file import find_config, load_config
+    from x_launch.resolve import resolve
+
+    path, why = find_config(config_file)
+    loaded = load_config(path) if path is not None else None
+    settings = resolve(loaded)  # before printing anything: a bad value is one line, nothing else
+    click.echo(f"config file: {path} ({why})" if path is not None else "config file: none (defaults only)")
+    for key, setting in settings.items():
+        if "." in key and setting.source == "default":
+            continue  # section keys only when something set them
+        value = "-" if setting.value is None else setting.value
+        click.echo(f"  {key}: {value}  [{setting.source}]")
+    if loaded is not None and loaded.ignored:
+        click.echo(f"ignored (Accelerate features x does not offer): {', '.join(loaded.ignored)}")
+
+
+@_cli.command("env")
+@_CONFIG_FILE
+def env_command(config_file: Path | None) -> None:
+    """Print versions, platform, devices, memory and the config file, ready for a bug report."""
+    from x_launch.config_file import find_config
+    from x_launch.env_report import env_report
+
+    path, why = find_config(config_file)
+    click.echo(env_report(path, why))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: bad input is one line on stderr and exit code 2."""
+    from x_launch.config_file import ConfigError
+
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        code: Any = _cli.main(args=args, prog_name="x-launch", standalone_mode=False)
+    except ConfigError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else "Usage: x-launch [OPTIONS] COMMAND", err=True)
+        sys.exit(2)
+    except click.UsageError as exc:
+        click.echo(f"Error: {exc.format_message()} (see x-launch --help)", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"Error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
