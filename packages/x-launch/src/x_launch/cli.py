@@ -7,6 +7,7 @@ import torch; ``config default`` and ``env`` do, to look at the hardware.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ def _cli() -> None:
       x-launch config default          # write a config for this machine
       x-launch config show             # the effective config, and where each value comes from
       x-launch env                     # versions, devices and config, for a bug report
+      x-launch --num_processes 2 --cpu train.py   # launch (see x-launch launch --help)
     """
 
 
@@ -141,13 +143,100 @@ def env_command(config_file: Path | None) -> None:
     click.echo(env_report(path, why))
 
 
+def _flag(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    from x_common.env import launch_flag_var
+
+    dashed = name.replace("_", "-")
+    names = [f"--{name}", f"--{dashed}"] if dashed != name else [f"--{name}"]
+    return click.option(*names, name, envvar=launch_flag_var(name), show_envvar=True, **kwargs)
+
+
+# Values stay strings here: resolve() checks them with the config file's rules and names the flag.
+_CONFIG_FLAGS = (
+    "num_processes",
+    "num_machines",
+    "machine_rank",
+    "main_process_ip",
+    "main_process_port",
+    "rdzv_backend",
+    "max_restarts",
+    "mixed_precision",
+    "gradient_accumulation_steps",
+    "dynamo_backend",
+)
+
+
+def _launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    for name in reversed(_CONFIG_FLAGS):
+        func = click.option(f"--{name}", f"--{name.replace('_', '-')}", name, default=None, metavar="VALUE")(func)
+    return func
+
+
+@click.command(
+    "launch",
+    context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
+)
+@_CONFIG_FILE
+@_launch_options
+@click.option(
+    "--cpu", "--use_cpu", "use_cpu", is_flag=True, default=None, help="Run on CPU (gloo) even when GPUs are present."
+)
+@click.option("-m", "--module", is_flag=True, help="TARGET is a module to run as python -m does.")
+@_flag("dry_run", is_flag=True, help="Print the resolved config, the command and its environment; start nothing.")
+@_flag("log_dir", default=None, help="Write each rank's output to files in this folder.")
+@_flag("tee", is_flag=True, help="With --log_dir, also print each rank's output.")
+@click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True)
+def launch(
+    config_file: Path | None,
+    module: bool,
+    dry_run: bool,
+    log_dir: str | None,
+    tee: bool,
+    target: tuple[str, ...],
+    **flags: Any,
+) -> None:
+    """Run TARGET (a script and its arguments, or -m MODULE ...) as configured.
+
+    Every option can also come from X_LAUNCH_<OPTION>; options beat the config file.
+
+    \b
+    Examples:
+      x-launch train.py --epochs 3
+      x-launch --num_processes 2 --cpu train.py
+      x-launch --num_processes 2 --dry-run -m mypkg.train
+    """
+    from x_launch.config_file import ConfigError, find_config, load_config
+    from x_launch.launch_plan import build_plan
+    from x_launch.resolve import resolve
+
+    if not module and not Path(target[0]).is_file():
+        raise ConfigError(f"script {target[0]} does not exist (to run a module, use -m {target[0]})")
+    path, _ = find_config(config_file)
+    settings = resolve(load_config(path) if path is not None else None, flags)
+    plan = build_plan(settings, list(target), module=module, log_dir=log_dir, tee=tee)
+    if dry_run:
+        click.echo(plan.describe())
+        return
+    from x_launch.run_process import run_plan
+
+    sys.exit(run_plan(plan))
+
+
+def _is_launch(args: list[str]) -> bool:
+    """Whether argv asks to launch something rather than to run a subcommand."""
+    if not args or args[0] in ("-h", "--help", "--version") or args[0] in _cli.commands:
+        return False
+    return args[0].startswith("-") or args[0].endswith(".py") or Path(args[0]).is_file()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: bad input is one line on stderr and exit code 2."""
     from x_launch.config_file import ConfigError
 
     args = sys.argv[1:] if argv is None else argv
+    command = launch if _is_launch(args) else _cli
     try:
-        code: Any = _cli.main(args=args, prog_name="x-launch", standalone_mode=False)
+        code: Any = command.main(args=args, prog_name="x-launch", standalone_mode=False)
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)

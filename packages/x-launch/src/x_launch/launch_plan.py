@@ -1,0 +1,173 @@
+"""From resolved settings to the exact engine command and the environment it gets.
+
+One process: the interpreter runs the script directly. Several processes or machines:
+``python -m torch.distributed.run`` (torchrun's elastic agent: rendezvous, restarts, failure
+propagation). What the runtime needs travels as ``x_common.env`` variables. Building a plan
+imports no torch, so ``--dry-run`` answers at once.
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from x_common import env
+from x_launch.config_file import ConfigError
+from x_launch.resolve import Setting
+
+__all__ = ["LaunchPlan", "build_plan"]
+
+# Config key -> contract variable, for everything the runtime reads.
+_CONTRACT = {
+    "distributed_type": env.DISTRIBUTED_TYPE,
+    "mixed_precision": env.MIXED_PRECISION,
+    "use_cpu": env.USE_CPU,
+    "gradient_accumulation_steps": env.GRADIENT_ACCUMULATION_STEPS,
+    "debug": env.DEBUG_MODE,
+    "dynamo_config.dynamo_mode": env.DYNAMO_MODE,
+    "dynamo_config.dynamo_use_fullgraph": env.DYNAMO_FULLGRAPH,
+    "dynamo_config.dynamo_use_dynamic": env.DYNAMO_DYNAMIC,
+    "dynamo_config.dynamo_use_regional_compilation": env.DYNAMO_REGIONAL,
+    "fsdp_config.fsdp_version": env.FSDP_VERSION,
+    "fsdp_config.fsdp_sharding_strategy": env.FSDP_SHARDING_STRATEGY,
+    "fsdp_config.fsdp_auto_wrap_policy": env.FSDP_AUTO_WRAP_POLICY,
+    "fsdp_config.fsdp_min_num_params": env.FSDP_MIN_NUM_PARAMS,
+    "fsdp_config.fsdp_offload_params": env.FSDP_OFFLOAD_PARAMS,
+    "fsdp_config.fsdp_state_dict_type": env.FSDP_STATE_DICT_TYPE,
+    "fsdp_config.fsdp_activation_checkpointing": env.FSDP_ACTIVATION_CHECKPOINTING,
+    "fsdp_config.fsdp_cpu_ram_efficient_loading": env.FSDP_CPU_RAM_EFFICIENT_LOADING,
+    "fsdp_config.fsdp_sync_module_states": env.FSDP_SYNC_MODULE_STATES,
+    "fsdp_config.fsdp_use_orig_params": env.FSDP_USE_ORIG_PARAMS,
+    "fsdp_config.fsdp_forward_prefetch": env.FSDP_FORWARD_PREFETCH,
+    "fsdp_config.fsdp_backward_prefetch": env.FSDP_BACKWARD_PREFETCH,
+    "deepspeed_config.deepspeed_config_file": env.DEEPSPEED_CONFIG_FILE,
+    "deepspeed_config.zero_stage": env.DEEPSPEED_ZERO_STAGE,
+    "deepspeed_config.offload_optimizer_device": env.DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE,
+    "deepspeed_config.offload_param_device": env.DEEPSPEED_OFFLOAD_PARAM_DEVICE,
+    "deepspeed_config.gradient_clipping": env.DEEPSPEED_GRADIENT_CLIPPING,
+    "deepspeed_config.zero3_init_flag": env.DEEPSPEED_ZERO3_INIT,
+    "deepspeed_config.zero3_save_16bit_model": env.DEEPSPEED_ZERO3_SAVE_16BIT_MODEL,
+}
+
+
+@dataclass
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str]
+    engine: str  # "python" or "torchrun"
+    settings: dict[str, Setting] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        """What --dry-run prints: every value with its source, the command, the environment."""
+        lines = ["resolved config:"]
+        for key, setting in self.settings.items():
+            if "." in key and setting.source == "default":
+                continue
+            value = "-" if setting.value is None else setting.value
+            lines.append(f"  {key}: {value}  [{setting.source}]")
+        lines += [f"engine: {self.engine}", f"command: {shlex.join(self.argv)}", "environment:"]
+        lines += [f"  {name}={value}" for name, value in sorted(self.env.items())]
+        return "\n".join(lines)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _contract_env(settings: dict[str, Setting]) -> dict[str, str]:
+    values: dict[env.EnvVar, Any] = {env.LAUNCHED_BY_X: True}
+    for key, var in _CONTRACT.items():
+        setting = settings.get(key)
+        # Section keys travel only when something set them: the runtime has the same defaults.
+        if setting is None or setting.value is None or ("." in key and setting.source == "default"):
+            continue
+        values[var] = setting.value
+    dtype, procs = settings["distributed_type"], int(settings["num_processes"].value)
+    if dtype.source == "default" and procs > 1:
+        # "NO" with several processes means "infer": on CPU that is MULTI_CPU; with GPUs the
+        # runtime picks, since finding them here would mean importing torch.
+        if settings["use_cpu"].value:
+            values[env.DISTRIBUTED_TYPE] = "MULTI_CPU"
+        else:
+            values.pop(env.DISTRIBUTED_TYPE, None)
+    backend = settings.get("dynamo_config.dynamo_backend")
+    if backend is not None and backend.value is not None and backend.source != "default":
+        values[env.DYNAMO_BACKEND] = str(backend.value).lower()
+    reshard = settings.get("fsdp_config.fsdp_reshard_after_forward")
+    if reshard is not None and reshard.source == "default":
+        reshard = None
+    if reshard is not None and isinstance(reshard.value, bool):
+        values[env.FSDP_RESHARD_AFTER_FORWARD] = reshard.value
+    elif reshard is not None and reshard.value is not None:  # FSDP1 strategy name in Accelerate's files
+        values[env.FSDP_SHARDING_STRATEGY] = reshard.value
+    layers = settings.get("fsdp_config.fsdp_transformer_layer_cls_to_wrap")
+    if layers is not None and layers.value:
+        values[env.FSDP_TRANSFORMER_CLS_TO_WRAP] = tuple(str(layers.value).split(","))
+    return env.to_environ(values)
+
+
+def build_plan(
+    settings: dict[str, Setting],
+    target: list[str],
+    *,
+    module: bool = False,
+    log_dir: str | None = None,
+    tee: bool = False,
+    python: str = sys.executable,
+) -> LaunchPlan:
+    """The command for ``target`` (script and its arguments, or module and its arguments).
+
+    Raises:
+        ConfigError: settings that cannot describe a job, named with the fix.
+    """
+    value = {key: s.value for key, s in settings.items()}
+    procs, machines, rank = value["num_processes"], value["num_machines"], value["machine_rank"]
+    if procs % machines:
+        raise ConfigError(
+            f"num_processes {procs} is not a multiple of num_machines {machines}: every machine runs the same number"
+        )
+    if rank >= machines:
+        raise ConfigError(f"machine_rank {rank} must be below num_machines {machines} (ranks start at 0)")
+    if value["mixed_precision"] == "fp16" and value["use_cpu"]:
+        raise ConfigError("mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
+    if value["tpu"] or value["distributed_type"] == "XLA":
+        raise ConfigError("TPU launches are not available in this x-launch version; see the x-launch README")
+    if tee and not log_dir:
+        raise ConfigError("--tee copies the per-rank log files to the terminal; give --log_dir too")
+    env_vars = _contract_env(settings)
+    if procs == 1 and machines == 1:
+        argv = [python, *(["-m"] if module else []), *target]
+        return LaunchPlan(argv, env_vars, "python", settings)
+    ip, port = value["main_process_ip"], value["main_process_port"]
+    if machines > 1 and not ip:
+        raise ConfigError("a multi-machine launch needs --main_process_ip, the address of machine 0")
+    if port == 0:
+        if machines > 1:
+            raise ConfigError("--main_process_port 0 works on one machine only; give every machine the same port")
+        port = _free_port()
+    host = ip or "127.0.0.1"
+    argv = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(machines),
+        "--nproc-per-node",
+        str(procs // machines),
+    ]
+    if value["rdzv_backend"] == "c10d":
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", f"x-{port}"]
+    else:
+        argv += ["--node-rank", str(rank), "--master-addr", host, "--master-port", str(port)]
+    argv += ["--max-restarts", str(value["max_restarts"])]
+    if log_dir:
+        # torchrun writes rank files only for the streams it redirects (3: stdout and stderr).
+        argv += ["--log-dir", log_dir, "--tee" if tee else "--redirects", "3"]
+
+    argv += [*(["-m"] if module else []), *target]
+    return LaunchPlan(argv, env_vars, "torchrun", settings)
