@@ -130,14 +130,13 @@ def test_config_file_and_multi_machine_plan(run, tmp_path: Path) -> None:
     assert "  X_FSDP_TRANSFORMER_CLS_TO_WRAP=LlamaDecoderLayer" in out.stdout
 
 
-def test_two_processes_on_cpu_form_one_world(run, script) -> None:
+def test_two_processes_on_cpu_form_one_world(run, script, tmp_path: Path) -> None:
     # Accelerate's `launch --cpu --num_processes 2` starts one process; we start two, in one world.
     path = script("allreduce.py", ALL_REDUCE)
-    out = run(
-        "--num_processes", "2", "--cpu", "--main_process_port", "0", "--mixed_precision", "bf16", path, "--x", "1"
-    )
-    assert out.returncode == 0, out.stderr
-    lines = sorted(line for line in out.stdout.splitlines() if line.startswith("rank="))
+    args = ("--num_processes", "2", "--cpu", "--main_process_port", "0", "--mixed_precision", "bf16", path, "--x", "1")
+    out = run(*args, extra_env={"OUT_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = sorted(p.read_text() for p in tmp_path.glob("rank*.txt"))
     assert lines == [
         "rank=0 world=2 local=0 sum=3 mp=bf16 type=MULTI_CPU args=['--x', '1']",
         "rank=1 world=2 local=1 sum=3 mp=bf16 type=MULTI_CPU args=['--x', '1']",
