@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 import yaml
 
-from x_common import env
 from x_launch.config_file import (
     ConfigError,
     accelerate_config_path,
@@ -22,16 +21,6 @@ from x_launch.config_file import (
     load_config,
     save_config,
 )
-
-
-@pytest.fixture(autouse=True)
-def _isolated_environment(tmp_path, monkeypatch) -> None:
-    for name in list(os.environ):
-        if name == env.CONFIG_FILE.name or name.startswith(env.LAUNCH_FLAG_PREFIX):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(env.XDG_CONFIG_HOME.name, str(tmp_path / "xdg"))
-    monkeypatch.setenv(env.HF_HOME.name, str(tmp_path / "hf"))
 
 
 def typed(values: dict[str, Any]) -> dict[str, tuple[str, Any]]:

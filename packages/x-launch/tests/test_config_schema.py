@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import os
 import re
 from typing import Any
 
@@ -13,16 +12,6 @@ import pytest
 from x_common import env
 from x_launch.config_schema import IGNORED_KEYS, SCHEMA, SECTIONS, Field, check_value, nearest
 from x_launch.resolve import all_fields
-
-
-@pytest.fixture(autouse=True)
-def _isolated_environment(tmp_path, monkeypatch) -> None:
-    for name in list(os.environ):
-        if name == env.CONFIG_FILE.name or name.startswith(env.LAUNCH_FLAG_PREFIX):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(env.XDG_CONFIG_HOME.name, str(tmp_path / "xdg"))
-    monkeypatch.setenv(env.HF_HOME.name, str(tmp_path / "hf"))
 
 
 def typed(value: Any) -> tuple[str, Any]:

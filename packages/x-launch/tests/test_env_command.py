@@ -11,18 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from x_common import env
-
-
-@pytest.fixture(autouse=True)
-def _isolated_environment(tmp_path, monkeypatch) -> None:
-    for name in list(os.environ):
-        if name == env.CONFIG_FILE.name or name.startswith(env.LAUNCH_FLAG_PREFIX):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(env.XDG_CONFIG_HOME.name, str(tmp_path / "xdg"))
-    monkeypatch.setenv(env.HF_HOME.name, str(tmp_path / "hf"))
-
 
 @pytest.fixture(scope="module")
 def exe(console_script) -> str:

@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from x_common import env
 from x_launch.config_file import ConfigError, load_config
 from x_launch.config_schema import SCHEMA, SECTIONS
 from x_launch.resolve import Setting, all_fields, resolve
-
-
-@pytest.fixture(autouse=True)
-def _isolated_environment(tmp_path, monkeypatch) -> None:
-    for name in list(os.environ):
-        if name == env.CONFIG_FILE.name or name.startswith(env.LAUNCH_FLAG_PREFIX):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv(env.XDG_CONFIG_HOME.name, str(tmp_path / "xdg"))
-    monkeypatch.setenv(env.HF_HOME.name, str(tmp_path / "hf"))
 
 
 def typed(setting: Setting) -> tuple[str, Any, str]:
