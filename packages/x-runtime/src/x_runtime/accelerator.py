@@ -1,0 +1,740 @@
+"""``Accelerator``: one object that carries a training script from one CPU to many processes.
+
+A thin facade with Accelerate's names; the work lives in small modules: ``state`` (ranks,
+device, process group), ``data_loader`` (sharded, resumable loaders), ``collectives``,
+``precision``, ``optimizer`` / ``scheduler`` (accumulation-aware wrappers), ``checkpointing``
+and ``tracking``. Nothing is shared between two accelerators except torch's process group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import gc
+import os
+import weakref
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from x_common import env
+from x_runtime import collectives, nested
+from x_runtime.checkpointing import (
+    CheckpointParts,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from x_runtime.configs import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    KwargsHandler,
+    ProjectConfiguration,
+    _Handlers,
+)
+from x_runtime.data_loader import prepare_data_loader
+from x_runtime.data_loader import skip_first_batches as _skip_first_batches
+from x_runtime.gradient_state import GradientState
+from x_runtime.model_files import save_state_dict_files
+from x_runtime.optimizer import AcceleratedOptimizer
+from x_runtime.precision import Precision, unwrap_forward
+from x_runtime.process_helpers import first_on, on_process, split_between_processes
+from x_runtime.random_state import set_seed
+from x_runtime.scheduler import AcceleratedScheduler
+from x_runtime.state import ProcessState
+
+__all__ = ["Accelerator"]
+
+_UNSET: Any = object()
+_RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "generator")
+
+
+class _Prepared:
+    """What an accelerator has prepared; also what its exit hook releases."""
+
+    def __init__(self) -> None:
+        self.models: list[torch.nn.Module] = []
+        self.optimizers: list[AcceleratedOptimizer] = []
+        self.schedulers: list[AcceleratedScheduler] = []
+        self.dataloaders: list[Any] = []
+        self.custom: list[Any] = []
+
+    def clear(self) -> None:
+        for items in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.custom):
+            items.clear()
+
+
+def _release_at_exit(prepared: weakref.ref[_Prepared], state: ProcessState) -> None:
+    # gloo aborts some runs when a DDP reducer outlives the process group at interpreter exit:
+    # drop our references and collect before leaving the group.
+    held = prepared()
+    if held is not None:
+        held.clear()
+    gc.collect()
+    state.destroy()
+
+
+class Accelerator:
+    """Prepare model, optimizer, dataloaders and scheduler once; the loop stays plain PyTorch.
+
+    Args:
+        device_placement: move prepared models and batches to ``self.device``.
+        split_batches: deprecated spelling of ``DataLoaderConfiguration(split_batches=...)``.
+        mixed_precision: "no", "fp16" (GPU) or "bf16"; ``None`` takes the launcher's choice.
+        gradient_accumulation_steps: micro-batches per optimizer step (launcher's if 1).
+        cpu: compute on CPU even when an accelerator is present.
+        dataloader_config: how dataloaders are sharded, see ``DataLoaderConfiguration``.
+        log_with: trackers, e.g. "tensorboard" or ["tensorboard", "wandb"] or "all".
+        project_dir: folder for checkpoints and logs.
+        project_config: checkpoint naming and pruning, see ``ProjectConfiguration``.
+        step_scheduler_with_optimizer: the scheduler advances with optimizer steps.
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+            ``InitProcessGroupKwargs``, ``AutocastKwargs``.
+        rng_types: accepted for compatibility; data order never depends on synchronised
+            generators here (the shuffling sampler is seeded), so nothing needs syncing.
+        dynamo_backend: ``torch.compile`` backend for prepared models ("no" to disable).
+
+    Examples:
+        >>> import torch
+        >>> accelerator = Accelerator(cpu=True)
+        >>> model = torch.nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> model, optimizer = accelerator.prepare(model, optimizer)
+        >>> loss = model(torch.ones(4, 2)).pow(2).mean()
+        >>> accelerator.backward(loss)
+        >>> optimizer.step(); optimizer.zero_grad()
+        >>> accelerator.num_processes, accelerator.device.type
+        (1, 'cpu')
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _UNSET,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: str | None = None,
+    ):
+        for name, plugin in (("deepspeed_plugin", deepspeed_plugin), ("fsdp_plugin", fsdp_plugin)):
+            if plugin is not None:
+                raise ValueError(f"{name}: x_runtime {self._version()} trains with DDP only; drop {name}")
+        for rng in rng_types or []:
+            if str(rng) not in _RNG_TYPES:
+                raise ValueError(f"rng_types: {rng!r} is not one of {', '.join(_RNG_TYPES)}")
+        self.handlers = _Handlers.from_list(kwargs_handlers)
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if split_batches is not _UNSET:
+            self.dataloader_config.split_batches = bool(split_batches)
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+
+        init = self.handlers.init
+        self.state = ProcessState.from_environment(
+            cpu=cpu, backend=init.backend, init_method=init.init_method, timeout=init.timeout
+        )
+        self.precision = Precision(
+            env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision),
+            self.state.device,
+            autocast_kwargs=self.handlers.autocast.to_kwargs(),
+            scaler_kwargs=self.handlers.scaler.to_kwargs(),
+        )
+        plugin = gradient_accumulation_plugin
+        if plugin is not None and gradient_accumulation_steps != 1:
+            raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+        if plugin is None:
+            steps = gradient_accumulation_steps
+            if steps == 1:
+                steps = env.GRADIENT_ACCUMULATION_STEPS.read()
+            plugin = GradientAccumulationPlugin(num_steps=steps)
+        self.gradient_state = GradientState(
+            num_steps=plugin.num_steps,
+            sync_with_dataloader=plugin.sync_with_dataloader,
+            adjust_scheduler=plugin.adjust_scheduler,
+        )
+        self.sync_each_batch = plugin.sync_each_batch
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.dynamo_backend = (dynamo_backend or env.DYNAMO_BACKEND.read() or "no").lower()
+        self.log_with = log_with
+        self.trackers: list[Any] = []
+        self.step = 0  # micro-batches seen by accumulate()
+        self._prepared = _Prepared()
+        self._trigger = False
+        # At exit only (not when this object is collected: another accelerator may use the group).
+        atexit.register(_release_at_exit, weakref.ref(self._prepared), self.state)
+
+    @staticmethod
+    def _version() -> str:
+        from x_runtime._version import __version__
+
+        return __version__
+
+    # --- where this process is -----------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> str:
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.world_size
+
+    @property
+    def process_index(self) -> int:
+        return self.state.rank
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_rank
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.precision.mode
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.precision.scaler
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def non_blocking(self) -> bool:
+        return self.dataloader_config.non_blocking
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def save_iteration(self) -> int:
+        return self.project_configuration.iteration
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        if steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {steps}")
+        self.gradient_state.num_steps = steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
+        return any(opt.step_was_skipped for opt in self._prepared.optimizers)
+
+    # --- prepare ---------------------------------------------------------------------------
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Prepare models, optimizers, dataloaders and schedulers; return them in the same order.
+
+        Anything else is returned unchanged. Models are prepared first, so optimizers and
+        schedulers given before their model still see it placed.
+        """
+        if device_placement is None:
+            device_placement = [self.device_placement] * len(args)
+        if len(device_placement) != len(args):
+            raise ValueError(f"device_placement has {len(device_placement)} entries for {len(args)} objects")
+        result: list[Any] = list(args)
+        order = sorted(range(len(args)), key=lambda i: _kind_order(args[i]))
+        for index in order:
+            result[index] = self._prepare_one(args[index], device_placement[index])
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, placement: bool) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=placement)
+        if isinstance(obj, torch.optim.Optimizer):
+            return self.prepare_optimizer(obj, device_placement=placement)
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return self.prepare_data_loader(obj, device_placement=placement)
+        if _is_scheduler(obj):
+            return self.prepare_scheduler(obj)
+        return obj
+
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
+        """Place ``model``, autocast its forward under mixed precision, wrap it in DDP."""
+        if any(model is m or model is _unwrap(m) for m in self._prepared.models):
+            raise ValueError("this model is already prepared; prepare each model once")
+        if self.device_placement if device_placement is None else device_placement:
+            model = model.to(self.device)
+        self.precision.wrap_forward(model)
+        wrapped = model
+        if self.use_distributed and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+            device_ids = [self.device.index] if self.device.type in ("cuda", "xpu") else None
+            wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.handlers.ddp.to_kwargs())
+        if self.dynamo_backend != "no":
+            wrapped = torch.compile(
+                wrapped,
+                backend=self.dynamo_backend,
+                mode=env.DYNAMO_MODE.read(),
+                fullgraph=env.DYNAMO_FULLGRAPH.read(),
+                dynamic=env.DYNAMO_DYNAMIC.read(),
+            )
+        self._prepared.models.append(wrapped)
+        return wrapped
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        placement = self.device_placement if device_placement is None else device_placement
+        prepared = AcceleratedOptimizer(
+            optimizer,
+            gradient_state=self.gradient_state,
+            scaler=self.precision.scaler,
+            device=self.device if placement else None,
+        )
+        self._prepared.optimizers.append(prepared)
+        return prepared
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        inner = getattr(scheduler, "optimizer", None)
+        mine = [o for o in self._prepared.optimizers if o.optimizer is inner or o is inner]
+        prepared = AcceleratedScheduler(
+            scheduler,
+            mine or list(self._prepared.optimizers),
+            gradient_state=self.gradient_state,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+            num_processes=self.num_processes,
+        )
+        self._prepared.schedulers.append(prepared)
+        return prepared
+
+    def prepare_data_loader(
+        self, data_loader: torch.utils.data.DataLoader, device_placement: bool | None = None
+    ) -> Any:
+        placement = self.device_placement if device_placement is None else device_placement
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            device=self.device if placement else None,
+            split_batches=config.split_batches,
+            even_batches=config.even_batches,
+            dispatch_batches=config.dispatch_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+            gradient_state=self.gradient_state,
+            use_stateful_dataloader=config.use_stateful_dataloader,
+        )
+        self._prepared.dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """A loader yielding ``dataloader``'s current epoch without its first ``num_batches``."""
+        return _skip_first_batches(dataloader, num_batches)
+
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> Any:
+        """The user's model inside DDP (and torch.compile unless ``keep_torch_compile``)."""
+        inner = _unwrap(model, keep_torch_compile=keep_torch_compile)
+        if not keep_fp32_wrapper:
+            unwrap_forward(inner)
+        return inner
+
+    # --- the step --------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """``loss.backward()`` divided over accumulation steps, scaled under fp16."""
+        if self.gradient_state.num_steps > 1:
+            loss = loss / self.gradient_state.num_steps
+        if self.precision.scaler is not None:
+            self.precision.scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def _do_sync(self) -> None:
+        state = self.gradient_state
+        if state.sync_with_dataloader and state.end_of_dataloader:
+            self.step = 0
+            state.sync_gradients = True
+        else:
+            self.step += 1
+            state.sync_gradients = self.step % state.num_steps == 0
+        state.step = self.step % state.num_steps
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip DDP's gradient all-reduce inside the block (gradients accumulate locally)."""
+        inner = _unwrap(model, keep_torch_compile=False, through_ddp=False)
+        context = inner.no_sync() if isinstance(inner, DistributedDataParallel) else contextlib.nullcontext()
+        with context:
+            yield
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One micro-batch: gradients sync only on accumulation boundaries and the last batch."""
+        self._do_sync()
+        with contextlib.ExitStack() as stack:
+            if not (self.sync_gradients or self.sync_each_batch):
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide gradients by the fp16 loss scale (once per step); no-op otherwise."""
+        if self.precision.scaler is None:
+            return
+        targets = self._prepared.optimizers if optimizer is None else _as_list(optimizer)
+        for opt in targets:
+            if isinstance(opt, AcceleratedOptimizer):
+                opt.unscale()
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        """Clip the gradient norm (after unscaling under fp16); returns the total norm."""
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    def autocast(self, autocast_handler: Any = None) -> contextlib.AbstractContextManager:
+        """Autocast under this accelerator's mixed precision (no-op without it)."""
+        overrides = autocast_handler.to_kwargs() if autocast_handler is not None else {}
+        return self.precision.autocast(**overrides)
+
+    # --- collectives -----------------------------------------------------------------------
+    def gather(self, tensor: Any) -> Any:
+        """Every process's tensors concatenated along dim 0 (nested structures kept)."""
+        return collectives.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """``gather`` minus the samples duplicated to even out the last batch.
+
+        Over a whole epoch the gathered results hold exactly ``len(dataset)`` samples, in order.
+        Non-tensor data (or ``use_gather_object=True``) goes through ``gather_object``.
+        """
+        tensors_only = all(isinstance(t, torch.Tensor) for t in _leaves(input_data))
+        if use_gather_object or not tensors_only:
+            data = collectives.gather_object(input_data)
+        else:
+            data = collectives.gather(input_data)
+        state = self.gradient_state
+        if not state.end_of_dataloader or state.remainder < 0:
+            return data
+        if use_gather_object or not tensors_only:
+            return data[: state.remainder]
+        return nested.slice_batch(data, slice(0, state.remainder))
+
+    def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
+        return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        return collectives.reduce(tensor, reduction=reduction, scale=scale)
+
+    def set_trigger(self) -> None:
+        """Flag a condition on this process; ``check_trigger`` sees it on every process."""
+        self._trigger = True
+
+    def check_trigger(self) -> bool:
+        """Whether any process called ``set_trigger`` since the last check (resets it)."""
+        flag = torch.tensor([1.0 if self._trigger else 0.0], device=self._collective_device())
+        fired = bool(collectives.reduce(flag, reduction="sum").item() > 0)
+        if fired:
+            self._trigger = False
+        return fired
+
+    def _collective_device(self) -> torch.device:
+        return self.device if self.state.backend in ("nccl", "xccl") else torch.device("cpu")
+
+    # --- processes -------------------------------------------------------------------------
+    def wait_for_everyone(self) -> None:
+        self.state.wait_for_everyone()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    def main_process_first(self) -> contextlib.AbstractContextManager:
+        return first_on(self.state, self.is_main_process)
+
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
+        return first_on(self.state, self.is_local_main_process)
+
+    def on_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return on_process(self.state, lambda s: s.is_main_process)(function)
+
+    def on_local_main_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return on_process(self.state, lambda s: s.is_local_main_process)(function)
+
+    def on_last_process(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        return on_process(self.state, lambda s: s.is_last_process)(function)
+
+    def on_process(self, function: Callable[..., Any] | None = None, process_index: int | None = None) -> Any:
+        if process_index is None:
+            raise ValueError("on_process needs process_index, e.g. @accelerator.on_process(process_index=1)")
+        decorate = on_process(self.state, lambda s: s.rank == process_index)
+        return decorate if function is None else decorate(function)
+
+    def on_local_process(
+        self, function: Callable[..., Any] | None = None, local_process_index: int | None = None
+    ) -> Any:
+        if local_process_index is None:
+            raise ValueError("on_local_process needs local_process_index")
+        decorate = on_process(self.state, lambda s: s.local_rank == local_process_index)
+        return decorate if function is None else decorate(function)
+
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> contextlib.AbstractContextManager:
+        return split_between_processes(self.state, inputs, apply_padding=apply_padding)
+
+    # --- checkpoints -----------------------------------------------------------------------
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Also save and restore these objects (each needs ``state_dict``/``load_state_dict``)."""
+        invalid = [
+            type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+        ]
+        if invalid:
+            raise TypeError(f"register_for_checkpointing: {', '.join(invalid)} lack state_dict/load_state_dict")
+        self._prepared.custom.extend(objects)
+
+    def _parts(self) -> CheckpointParts:
+        return CheckpointParts(
+            models=[_unwrap(m) for m in self._prepared.models],
+            optimizers=list(self._prepared.optimizers),
+            schedulers=list(self._prepared.schedulers),
+            dataloaders=list(self._prepared.dataloaders),
+            custom=list(self._prepared.custom),
+            scaler=self.precision.scaler,
+        )
+
+    def _checkpoints_root(self) -> Path:
+        if self.project_dir is None:
+            raise ValueError("automatic_checkpoint_naming needs a project_dir (Accelerator(project_dir=...))")
+        return Path(self.project_dir) / "checkpoints"
+
+    def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True) -> str:
+        """Save models, optimizers, schedulers, scaler, RNG states, loader positions, registered objects.
+
+        Every process must call it. The folder appears complete or not at all.
+        """
+        if not safe_serialization:
+            raise ValueError("safe_serialization=False: x_runtime writes weights as safetensors only")
+        config = self.project_configuration
+        if config.automatic_checkpoint_naming:
+            root = self._checkpoints_root()
+            target = root / f"checkpoint_{config.iteration}"
+            if target.exists():
+                raise FileExistsError(f"{target} exists; set ProjectConfiguration(iteration=...) past it")
+        elif output_dir is None:
+            raise ValueError("save_state needs output_dir (or ProjectConfiguration(automatic_checkpoint_naming=True))")
+        else:
+            target = Path(output_dir)
+        save_checkpoint(target, self._parts(), self.state)
+        if config.automatic_checkpoint_naming:
+            if config.total_limit is not None and self.is_main_process:
+                prune_checkpoints(self._checkpoints_root(), config.total_limit)
+            self.wait_for_everyone()
+        config.iteration += 1
+        return str(target)
+
+    def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True) -> str:
+        """Restore what ``save_state`` saved (the latest automatic checkpoint when no folder given)."""
+        config = self.project_configuration
+        if input_dir is None:
+            if not config.automatic_checkpoint_naming:
+                raise ValueError(
+                    "load_state needs input_dir (or ProjectConfiguration(automatic_checkpoint_naming=True))"
+                )
+            source = latest_checkpoint(self._checkpoints_root())
+        else:
+            source = Path(input_dir)
+        folder = load_checkpoint(source, self._parts(), self.state, strict=strict)
+        name = folder.name
+        if config.automatic_checkpoint_naming and name.startswith("checkpoint_") and name[11:].isdigit():
+            config.iteration = int(name[11:]) + 1
+        return str(folder)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        return (_unwrap(model) if unwrap else model).state_dict()
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Weights as ``model.safetensors``, or shards plus ``model.safetensors.index.json``."""
+        if not safe_serialization:
+            raise ValueError("safe_serialization=False: x_runtime writes weights as safetensors only")
+        if Path(save_directory).is_file():
+            raise ValueError(f"save_model: {save_directory} is a file; give a directory")
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_state_dict_files(state_dict, save_directory, max_shard_size=max_shard_size)
+        self.wait_for_everyone()
+
+    def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
+        """``torch.save`` (or safetensors for a dict of tensors) on the main process only."""
+        if not self.is_main_process:
+            return
+        if safe_serialization:
+            from x_runtime.model_files import save_tensors_file
+
+            save_tensors_file(obj, Path(f))
+        else:
+            from x_runtime.atomic import write_file_atomic
+
+            write_file_atomic(Path(f), lambda tmp: torch.save(obj, tmp))
+
+    # --- tracking --------------------------------------------------------------------------
+    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
+        """Start the trackers named by ``log_with`` (main process only) and store ``config``."""
+        if not self.is_main_process or self.log_with is None:
+            return
+        from x_runtime.tracking import build_trackers
+
+        self.trackers = build_trackers(self.log_with, project_name, self.logging_dir, init_kwargs or {})
+        if config is not None:
+            for tracker in self.trackers:
+                tracker.store_init_configuration(config)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        for tracker in self.trackers:
+            if tracker.name == name:
+                return tracker.tracker if unwrap else tracker
+        raise ValueError(f"no tracker named {name!r}; started: {[t.name for t in self.trackers] or 'none'}")
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Log ``values`` to every tracker (main process only)."""
+        for tracker in self.trackers:
+            tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
+
+    def end_training(self) -> None:
+        """Close trackers, wait for every process, and leave the process group."""
+        for tracker in self.trackers:
+            tracker.finish()
+        self.trackers = []
+        self.wait_for_everyone()
+        self._prepared.clear()
+        gc.collect()
+        self.state.destroy()
+
+    # --- memory ----------------------------------------------------------------------------
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget everything prepared, collect garbage, empty device caches; returns Nones."""
+        from x_runtime.memory import release_memory
+
+        self._prepared.clear()
+        self.step = 0
+        return release_memory(*objects)
+
+    clear = free_memory
+
+    def set_seed(self, seed: int, device_specific: bool = False, deterministic: bool = False) -> int:
+        return set_seed(seed, device_specific, deterministic, process_index=self.process_index)
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(distributed_type={self.distributed_type}, process {self.process_index} of "
+            f"{self.num_processes}, device={self.device}, mixed_precision={self.mixed_precision}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+
+def _kind_order(obj: Any) -> int:
+    if isinstance(obj, torch.nn.Module):
+        return 0
+    if isinstance(obj, torch.optim.Optimizer):
+        return 1
+    if isinstance(obj, torch.utils.data.DataLoader):
+        return 2
+    return 3
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "state_dict")
+    )
+
+
+def _unwrap(model: Any, *, keep_torch_compile: bool = False, through_ddp: bool = True) -> Any:
+    compiled = model if hasattr(model, "_orig_mod") else None
+    if compiled is not None:
+        model = compiled._orig_mod
+    if isinstance(model, DistributedDataParallel):
+        if not through_ddp:
+            return model
+        # A compiled DDP wrapper cannot be kept without the DDP inside it: return the model.
+        return _unwrap(model.module, keep_torch_compile=keep_torch_compile)
+    return compiled if keep_torch_compile and compiled is not None else model
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _leaves(data: Any) -> list[Any]:
+    if isinstance(data, (list, tuple)):
+        return [leaf for item in data for leaf in _leaves(item)]
+    if isinstance(data, dict):
+        return [leaf for item in data.values() for leaf in _leaves(item)]
+    return [data]

@@ -1,0 +1,611 @@
+"""Collectives over nested batches: gather, pad, reduce and broadcast across processes.
+
+Every function works on the default ``torch.distributed`` process group and takes the same nested
+containers as :mod:`x_runtime.nested` (tensors inside lists, tuples, named tuples, dicts). When
+``torch.distributed`` is not initialized, or the world has one process, they return what a
+one-process world would return, so the same script runs with and without a launcher.
+
+Why the shape check: ``all_gather`` needs every process to send tensors of one shape and dtype.
+When they don't, Accelerate's ``gather`` hangs or fails deep inside the backend, on some processes
+only; its own check runs only in debug mode and costs a pickled ``all_gather_object`` per call.
+Here ``gather`` and ``pad_across_processes`` first exchange one small int64 tensor that describes
+the whole structure (tensor count, dtypes, shapes). Every process gets the same table, so every
+process reaches the same verdict: all raise the same ``ValueError`` naming each rank's shape, or all
+go on. With the shapes known, ``gather`` also accepts different sizes along dim 0 (padding,
+gathering and trimming them) where Accelerate requires ``pad_across_processes`` first.
+"""
+
+from __future__ import annotations
+
+import operator
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from x_runtime.nested import apply, is_namedtuple
+
+__all__ = [
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "pad_across_processes",
+    "rank",
+    "reduce",
+    "world_size",
+]
+
+# A tensor all_gather costs about a sixth of an all_gather_object on gloo (pickling plus two
+# collectives), and the cost barely moves up to a few hundred words: room for ~60 tensors.
+_META_WORDS = 256
+_HEADER = 4  # words needed, problem flag, structure fingerprint, tensor count
+
+# Tensors up to this size travel together in one byte buffer: below it a collective's latency
+# costs more than the copies into and out of the buffer.
+_PACK_BYTES = 1 << 20
+
+_REDUCTIONS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+# Gloo rejects int16, the unsigned and float8 types (bool too before recent torch), NCCL has no
+# int16; moving data never looks at the values, so those travel reinterpreted as a supported type
+# of the same width.
+_WIRE_NATIVE = {
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+}
+_WIRE_BY_WIDTH = {1: torch.uint8, 2: torch.float16, 4: torch.int32, 8: torch.int64}
+
+
+def world_size() -> int:
+    """Number of processes in the default group, 1 when ``torch.distributed`` is not initialized.
+
+    Examples:
+        >>> world_size()
+        1
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def rank() -> int:
+    """This process's rank in the default group, 0 when ``torch.distributed`` is not initialized.
+
+    Examples:
+        >>> rank()
+        0
+    """
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return 0
+
+
+def gather(data: Any) -> Any:
+    """Every tensor in ``data`` gathered from all processes and concatenated along dim 0 in rank order.
+
+    Containers are rebuilt around the results. A 0-d tensor counts as one row, so gathering a
+    scalar gives a 1-d tensor of ``world_size()`` values (on one process too). Processes must agree
+    on the structure, the dtypes and every dim but the first: otherwise all of them raise the same
+    ``ValueError``. Dim 0 may differ (unlike Accelerate): each process's rows are padded, gathered
+    and trimmed back, so nothing needs ``pad_across_processes`` first. Results are on the device of
+    the input tensor. On one process the input tensors themselves come back (0-d ones as views).
+
+    Args:
+        data: A tensor, or nested lists/tuples/named tuples/dicts of tensors.
+
+    Returns:
+        The same structure with every tensor replaced by the concatenation of all processes' tensors.
+
+    Raises:
+        ValueError: Processes passed different structures, dtypes, or shapes beyond dim 0.
+        TypeError: Some process passed a leaf that is not a tensor.
+
+    Examples:
+        >>> gather({"preds": torch.tensor([1, 2]), "loss": torch.tensor(0.5)})
+        {'preds': tensor([1, 2]), 'loss': tensor([0.5000])}
+    """
+    world = world_size()
+    if world == 1:
+        _raise_local_problems("gather", _walk(data))
+        return apply(_as_rows, data)
+    table = _check_shapes("gather", data, world)
+    for i, path in enumerate(table.paths):
+        at = f" at {path}" if path else ""
+        if len(set(table.dtypes[i])) > 1:
+            names = [_dtype_name(code) for code in table.dtypes[i]]
+            raise ValueError(f"gather: dtypes differ across processes{at}: {_by_rank(names)}; cast them to one dtype")
+        if len({shape[1:] for shape in table.shapes[i]}) > 1:
+            raise ValueError(
+                f"gather: shapes differ across processes beyond dim 0{at}: {_by_rank(map(str, table.shapes[i]))}; "
+                "pad them with pad_across_processes or make them agree"
+            )
+    results = _gather_checked(table, world)
+    return _rebuild(data, results)
+
+
+def gather_object(obj: Any) -> list[Any]:
+    """Every process's list, concatenated in rank order (Accelerate semantics).
+
+    A list contributes its items; anything else, tuples and dicts included, contributes itself as
+    one item (Accelerate would spread a tuple, a dict's keys or a string's characters). Objects go
+    through pickle, so keep them small.
+
+    Args:
+        obj: A list of picklable objects, or one picklable object.
+
+    Returns:
+        A new list: rank 0's items, then rank 1's, and so on.
+
+    Examples:
+        >>> gather_object(["a", "b"])
+        ['a', 'b']
+        >>> gather_object({"id": 3})
+        [{'id': 3}]
+    """
+    world = world_size()
+    if world == 1:
+        return list(obj) if isinstance(obj, list) else [obj]
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, obj)
+    out: list[Any] = []
+    for item in gathered:
+        if isinstance(item, list):
+            out.extend(item)
+        else:
+            out.append(item)
+    return out
+
+
+def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+    """Every tensor in ``data`` padded along ``dim`` to the largest size any process has there.
+
+    One small collective exchanges the shapes for the whole structure. Tensors with ``dim`` out of
+    range are returned unchanged (as in Accelerate), and so are tensors already at the largest size.
+    Processes must agree on the structure and on each tensor's number of dimensions.
+
+    Args:
+        data: A tensor, or nested lists/tuples/named tuples/dicts of tensors.
+        dim: The dimension to pad; negative values count from the end.
+        pad_index: The value written into the padding.
+        pad_first: Pad at the start of ``dim`` instead of the end.
+
+    Returns:
+        The same structure with padded tensors.
+
+    Raises:
+        ValueError: Processes passed different structures or numbers of dimensions.
+        TypeError: Some process passed a leaf that is not a tensor.
+
+    Examples:
+        >>> pad_across_processes(torch.tensor([1, 2]), pad_index=-1)
+        tensor([1, 2])
+    """
+    world = world_size()
+    if world == 1:
+        _raise_local_problems("pad_across_processes", _walk(data))
+        return data
+    table = _check_shapes("pad_across_processes", data, world)
+    results = []
+    for i, tensor in enumerate(table.tensors):
+        shapes = table.shapes[i]
+        if len({len(shape) for shape in shapes}) > 1:
+            at = f" at {table.paths[i]}" if table.paths[i] else ""
+            raise ValueError(
+                f"pad_across_processes: tensors have different numbers of dimensions across processes{at}: "
+                f"{_by_rank(map(str, shapes))}"
+            )
+        ndim = tensor.dim()
+        if not -ndim <= dim < ndim:
+            results.append(tensor)
+            continue
+        axis = dim % ndim
+        target = max(shape[axis] for shape in shapes)
+        results.append(_pad(tensor, axis, target, pad_index, pad_first))
+    return _rebuild(data, results)
+
+
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Every tensor in ``data`` reduced across processes, then multiplied by ``scale``.
+
+    Works on copies: the inputs are not modified. ``"mean"`` divides the sum by the world size
+    (integer tensors come back as floating point); ``"none"`` communicates nothing and returns
+    the scaled copies, as Accelerate documents (its code sums instead). ``scale`` applies on every
+    backend, where Accelerate only applies it on TPU. The copies keep autograd history, like
+    Accelerate's. Shapes must match across processes; they are not checked here.
+
+    Args:
+        data: A tensor, or nested lists/tuples/named tuples/dicts of tensors.
+        reduction: ``"sum"``, ``"mean"``, ``"max"``, ``"min"`` or ``"none"``.
+        scale: Factor applied after the reduction.
+
+    Returns:
+        The same structure with the reduced tensors.
+
+    Raises:
+        ValueError: Unknown ``reduction``.
+        TypeError: A leaf that is not a tensor.
+
+    Examples:
+        >>> reduce(torch.tensor([1.0, 2.0]), reduction="mean", scale=2.0)
+        tensor([2., 4.])
+    """
+    if reduction not in _REDUCTIONS and reduction != "none":
+        choices = ", ".join(repr(name) for name in [*_REDUCTIONS, "none"])
+        raise ValueError(f"reduce: unknown reduction {reduction!r}; choose one of {choices}")
+    _raise_local_problems("reduce", _walk(data))
+    world = world_size()
+
+    def one(tensor: torch.Tensor) -> torch.Tensor:
+        result = tensor.clone()
+        if reduction != "none" and world > 1:
+            dist.all_reduce(result, op=_REDUCTIONS[reduction])
+        if reduction == "mean":
+            result = result / world
+        if scale != 1.0:  # an integer tensor times 1.0 would turn floating point for nothing
+            result = result * scale
+        return result
+
+    return apply(one, data)
+
+
+def broadcast(data: Any, from_process: int = 0) -> Any:
+    """Every tensor in ``data`` overwritten, in place, with the values of process ``from_process``.
+
+    In place like Accelerate: every process must already hold tensors of the right shapes and
+    dtypes (they are not checked). Returns ``data`` itself.
+
+    Args:
+        data: A tensor, or nested lists/tuples/named tuples/dicts of tensors.
+        from_process: Rank whose values everyone receives.
+
+    Returns:
+        ``data``, now holding ``from_process``'s values.
+
+    Raises:
+        ValueError: ``from_process`` is not a rank of this world.
+        TypeError: A leaf that is not a tensor.
+
+    Examples:
+        >>> weights = {"w": torch.ones(2)}
+        >>> broadcast(weights, from_process=0) is weights
+        True
+    """
+    world = world_size()
+    source = _source_rank("broadcast", from_process, world)
+    _raise_local_problems("broadcast", _walk(data))
+    if world == 1:
+        return data
+
+    def one(tensor: torch.Tensor) -> None:
+        target = tensor.detach()  # same storage; lets parameters (leaves needing grad) be overwritten
+        buffer = target if target.is_contiguous() else target.contiguous()
+        dist.broadcast(_wire(buffer), src=source)
+        if buffer is not target:
+            target.copy_(buffer)
+
+    apply(one, data)
+    return data
+
+
+def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+    """``object_list`` overwritten, in place, with process ``from_process``'s items (pickled).
+
+    Every process must pass a list of the same length. Returns ``object_list`` itself.
+
+    Args:
+        object_list: Picklable items; only ``from_process``'s values matter.
+        from_process: Rank whose items everyone receives.
+
+    Returns:
+        ``object_list``, now holding ``from_process``'s items.
+
+    Raises:
+        ValueError: ``from_process`` is not a rank of this world.
+
+    Examples:
+        >>> broadcast_object_list([1, "two"])
+        [1, 'two']
+    """
+    world = world_size()
+    source = _source_rank("broadcast_object_list", from_process, world)
+    if world > 1:
+        dist.broadcast_object_list(object_list, src=source)
+    return object_list
+
+
+# --- walking the structure ---------------------------------------------------------------------
+
+
+@dataclass
+class _Walk:
+    paths: list[str]  # where each tensor sits, in nested.apply's order
+    tensors: list[torch.Tensor]
+    problems: list[str]  # leaves no collective can carry
+    signature: str  # every leaf's path and kind: equal on every process iff the structures match
+
+
+def _walk(data: Any) -> _Walk:
+    # Must visit in exactly nested.apply's order: results are put back with apply.
+    paths: list[str] = []
+    tensors: list[torch.Tensor] = []
+    problems: list[str] = []
+    leaves: list[str] = []
+
+    def visit(value: Any, path: str) -> None:
+        if isinstance(value, torch.Tensor):
+            if value.layout != torch.strided or value.is_nested:
+                problems.append(f"a {value.layout} tensor at {path or 'the top level'}")
+            paths.append(path)
+            tensors.append(value)
+            leaves.append(f"{path}:T")
+        elif is_namedtuple(value):
+            for field, item in zip(value._fields, value, strict=True):
+                visit(item, f"{path or 'data'}.{field}")
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                visit(item, f"{path or 'data'}[{index}]")
+        elif isinstance(value, Mapping):
+            for key, item in value.items():
+                visit(item, f"{path or 'data'}[{key!r}]")
+        else:
+            problems.append(f"{type(value).__name__} at {path or 'the top level'}")
+            leaves.append(f"{path}:{type(value).__name__}")
+
+    visit(data, "")
+    return _Walk(paths, tensors, problems, "|".join(leaves))
+
+
+def _problem_text(op: str, details: str) -> str:
+    return f"{op}: expected tensors or nested lists/tuples/dicts of tensors; {details}"
+
+
+def _raise_local_problems(op: str, walk: _Walk) -> None:
+    if walk.problems:
+        raise TypeError(_problem_text(op, "got " + ", ".join(walk.problems[:5])))
+
+
+def _rebuild(data: Any, results: list[torch.Tensor]) -> Any:
+    replacements = iter(results)
+    return apply(lambda _tensor: next(replacements), data)
+
+
+# --- the shape check ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Table:
+    paths: list[str]
+    tensors: list[torch.Tensor]  # this process's
+    shapes: list[list[tuple[int, ...]]]  # shapes[tensor][rank]
+    dtypes: list[list[int]]  # dtype codes, dtypes[tensor][rank]
+
+
+def _check_shapes(op: str, data: Any, world: int) -> _Table:
+    """Every process's shapes and dtypes for ``data``, after checking that the structures match.
+
+    One all_gather of a fixed-size int64 tensor in the common case (a second, sized to fit, only
+    when some process's description overflows it). Raises on every process or on none.
+    """
+    walk = _walk(data)
+    words = [0, int(bool(walk.problems)), _code(walk.signature), len(walk.tensors)]
+    for tensor in walk.tensors:
+        words += [_code(str(tensor.dtype)), tensor.dim(), *tensor.shape]
+    words[0] = len(words)
+    rows = _all_gather_words(words, world)
+
+    if any(row[1] for row in rows):
+        problems = _all_gather_objects("; ".join(walk.problems[:5]), world)
+        details = "; ".join(f"rank {r} has {text}" for r, text in enumerate(problems) if text)
+        raise TypeError(_problem_text(op, details))
+    if len({(row[2], row[3]) for row in rows}) > 1:
+        # Rare and fatal: a second collective buys a readable message. Every process takes it.
+        layouts = _all_gather_objects(_layout_text(walk), world)
+        raise ValueError(
+            f"{op}: the nested structure differs across processes: {_by_rank(layouts)}; "
+            "every process must pass the same containers, keys and lengths"
+        )
+
+    shapes: list[list[tuple[int, ...]]] = [[] for _ in walk.tensors]
+    dtypes: list[list[int]] = [[] for _ in walk.tensors]
+    for row in rows:
+        at = _HEADER
+        for i in range(len(walk.tensors)):
+            dtype, ndim = row[at], row[at + 1]
+            dtypes[i].append(dtype)
+            shapes[i].append(tuple(row[at + 2 : at + 2 + ndim]))
+            at += 2 + ndim
+    return _Table(walk.paths, walk.tensors, shapes, dtypes)
+
+
+def _layout_text(walk: _Walk) -> str:
+    shown = [path or "tensor" for path in walk.paths[:8]]
+    more = f", and {len(walk.paths) - 8} more" if len(walk.paths) > 8 else ""
+    return f"[{', '.join(shown)}{more}]"
+
+
+def _all_gather_words(words: list[int], world: int) -> list[list[int]]:
+    device = _meta_device()
+    capacity = _META_WORDS
+    while True:
+        local = torch.zeros(capacity, dtype=torch.int64)
+        local[: min(len(words), capacity)] = torch.tensor(words[:capacity], dtype=torch.int64)
+        local = local.to(device)
+        gathered = torch.empty(world * capacity, dtype=torch.int64, device=device)
+        dist.all_gather(list(gathered.view(world, capacity).unbind(0)), local)
+        rows = gathered.view(world, capacity).tolist()
+        needed = max(row[0] for row in rows)  # the same on every process, so all retry or none
+        if needed <= capacity:
+            return rows
+        capacity = needed
+
+
+def _all_gather_objects(obj: Any, world: int) -> list[Any]:
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, obj)
+    return gathered
+
+
+def _meta_device() -> torch.device:
+    # NCCL only moves GPU tensors; every other default backend here (gloo, mixed cpu:gloo) takes CPU.
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _code(text: str) -> int:
+    return zlib.crc32(text.encode()) & 0x7FFFFFFF
+
+
+def _dtype_name(code: int) -> str:
+    names = {_code(str(value)): str(value) for value in vars(torch).values() if isinstance(value, torch.dtype)}
+    return names.get(code, f"dtype #{code}")
+
+
+def _by_rank(values: Any) -> str:
+    """``rank 0 (4, 3), ranks 1-2 (4, 5)``: ranks grouped by what they passed, in rank order."""
+    groups: dict[str, list[int]] = {}
+    for r, value in enumerate(values):
+        groups.setdefault(value, []).append(r)
+    parts = []
+    for value, ranks in groups.items():
+        spans, start = [], ranks[0]
+        for prev, cur in zip(ranks, [*ranks[1:], None], strict=True):
+            if cur != prev + 1:
+                spans.append(str(start) if start == prev else f"{start}-{prev}")
+                start = cur
+        label = "rank" if len(ranks) == 1 else "ranks"
+        parts.append(f"{label} {', '.join(spans)} {value}")
+    return ", ".join(parts)
+
+
+# --- moving the data ---------------------------------------------------------------------------
+
+
+def _as_rows(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(1) if tensor.dim() == 0 else tensor
+
+
+def _wire(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.dtype in _WIRE_NATIVE or tensor.element_size() not in _WIRE_BY_WIDTH:
+        return tensor
+    return tensor.view(_WIRE_BY_WIDTH[tensor.element_size()])
+
+
+def _data_device(tensor: torch.Tensor) -> torch.device:
+    backend = dist.get_backend()
+    if backend == "nccl":
+        return _meta_device()
+    if backend in ("gloo", "mpi"):
+        return torch.device("cpu")
+    return tensor.device  # mixed backends pick one by device
+
+
+def _all_gather_rows(local: torch.Tensor, world: int) -> torch.Tensor:
+    """``world`` equal-shaped, contiguous blocks gathered into one tensor, rank after rank along dim 0."""
+    out = local.new_empty((world * local.shape[0], *local.shape[1:]))
+    send, receive = _wire(local), _wire(out)
+    if dist.get_backend() == "nccl":
+        dist.all_gather_into_tensor(receive, send)  # no staging copies on NCCL
+    else:
+        dist.all_gather(list(receive.view(world, *send.shape).unbind(0)), send)
+    return out
+
+
+def _gather_checked(table: _Table, world: int) -> list[torch.Tensor]:
+    itemsizes = [tensor.element_size() for tensor in table.tensors]
+    nbytes = [
+        [itemsize * _numel(shape) for shape in shapes] for itemsize, shapes in zip(itemsizes, table.shapes, strict=True)
+    ]
+    small = [i for i, sizes in enumerate(nbytes) if max(sizes) <= _PACK_BYTES]
+    results: list[torch.Tensor | None] = [None] * len(table.tensors)
+    if small:
+        for i, result in zip(small, _gather_packed(table, small, nbytes, world), strict=True):
+            results[i] = result
+    for i, tensor in enumerate(table.tensors):
+        if results[i] is None:
+            results[i] = _gather_one(tensor, [_rows(shape) for shape in table.shapes[i]], world)
+    return results  # type: ignore[return-value]
+
+
+def _gather_packed(table: _Table, which: list[int], nbytes: list[list[int]], world: int) -> list[torch.Tensor]:
+    """The small tensors ``which`` gathered in one collective, as bytes in one buffer per process."""
+    me = dist.get_rank()
+    offsets = [[0] * world for _ in which]  # offsets[k][rank] of tensor which[k] in that rank's block
+    totals = [0] * world
+    for k, i in enumerate(which):
+        for r in range(world):
+            offsets[k][r] = totals[r]
+            totals[r] += nbytes[i][r]
+    block = max(totals)
+    device = _data_device(table.tensors[which[0]])
+    local = torch.empty(block, dtype=torch.uint8, device=device)
+    for k, i in enumerate(which):
+        start = offsets[k][me]
+        local[start : start + nbytes[i][me]].copy_(table.tensors[i].contiguous().view(-1).view(torch.uint8))
+    gathered = _all_gather_rows(local, world) if block else local
+    results = []
+    for k, i in enumerate(which):
+        tensor = table.tensors[i]
+        pieces = [gathered[r * block + offsets[k][r] : r * block + offsets[k][r] + nbytes[i][r]] for r in range(world)]
+        rows = sum(_rows(shape) for shape in table.shapes[i])
+        joined = torch.cat(pieces).view(tensor.dtype).view(rows, *tensor.shape[1:])
+        results.append(joined.to(tensor.device))
+    return results
+
+
+def _gather_one(tensor: torch.Tensor, rows: list[int], world: int) -> torch.Tensor:
+    longest = max(rows)
+    local = _as_rows(tensor).to(_data_device(tensor)).contiguous()
+    if local.shape[0] < longest:
+        padded = local.new_empty((longest, *local.shape[1:]))
+        padded[: local.shape[0]] = local
+        local = padded
+    gathered = _all_gather_rows(local, world)
+    if any(count != longest for count in rows):
+        gathered = torch.cat([gathered[r * longest : r * longest + rows[r]] for r in range(world)])
+    return gathered.to(tensor.device)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    return shape[0] if shape else 1
+
+
+def _pad(tensor: torch.Tensor, axis: int, target: int, value: Any, first: bool) -> torch.Tensor:
+    size = tensor.shape[axis]
+    if size == target:
+        return tensor
+    shape = list(tensor.shape)
+    shape[axis] = target
+    padded = tensor.new_full(shape, value)
+    start = target - size if first else 0
+    padded.narrow(axis, start, size).copy_(tensor)
+    return padded
+
+
+def _source_rank(op: str, from_process: Any, world: int) -> int:
+    try:
+        source = operator.index(from_process)
+    except TypeError:
+        source = -1
+    if isinstance(from_process, bool) or not 0 <= source < world:
+        raise ValueError(f"{op}: from_process must be a rank in [0, {world}), got {from_process!r}")
+    return source

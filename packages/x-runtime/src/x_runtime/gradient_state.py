@@ -1,0 +1,66 @@
+"""What the training loop is in the middle of: accumulation boundary and the active dataloader.
+
+One ``GradientState`` belongs to one ``Accelerator`` (no class-level sharing). Prepared
+dataloaders register while they iterate, so the accelerator knows when the last batch is out
+(gradients must sync there even off an accumulation boundary) and how many samples of that last
+global batch are real rather than padding (``gather_for_metrics`` drops the padding).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+__all__ = ["GradientState", "TrackedLoader"]
+
+
+class TrackedLoader(Protocol):
+    end_of_dataloader: bool
+    remainder: int
+
+
+class GradientState:
+    """Accumulation bookkeeping shared by one accelerator's optimizers, schedulers and loaders."""
+
+    def __init__(self, *, num_steps: int = 1, sync_with_dataloader: bool = True, adjust_scheduler: bool = True):
+        if num_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {num_steps}")
+        self.num_steps = num_steps
+        self.sync_with_dataloader = sync_with_dataloader
+        self.adjust_scheduler = adjust_scheduler
+        self.sync_gradients = True
+        self.step = 0  # micro-batches seen since the last boundary (0 right after one)
+        self._loaders: list[Any] = []
+
+    @property
+    def active_dataloader(self) -> Any | None:
+        return self._loaders[-1] if self._loaders else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        return bool(self._loaders)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        loader = self.active_dataloader
+        return bool(loader is not None and loader.end_of_dataloader)
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch of the active loader; -1 when unknown."""
+        loader = self.active_dataloader
+        return -1 if loader is None else int(loader.remainder)
+
+    def _add_dataloader(self, loader: Any) -> None:
+        self._loaders.append(loader)
+
+    def _remove_dataloader(self, loader: Any) -> None:
+        for index in range(len(self._loaders) - 1, -1, -1):
+            if self._loaders[index] is loader:
+                del self._loaders[index]
+                return
+
+    def __repr__(self) -> str:
+        return (
+            f"GradientState(num_steps={self.num_steps}, sync_gradients={self.sync_gradients}, "
+            f"step={self.step}, end_of_dataloader={self.end_of_dataloader}, remainder={self.remainder})"
+        )

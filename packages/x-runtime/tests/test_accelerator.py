@@ -1,0 +1,193 @@
+"""Accelerator in one process: prepare, accumulation, precision, the launcher contract."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from x_common import env
+from x_runtime import Accelerator, AutocastKwargs, DataLoaderConfiguration, GradientAccumulationPlugin
+from x_runtime.optimizer import AcceleratedOptimizer
+from x_runtime.scheduler import AcceleratedScheduler
+
+
+def _parts(n: int = 8, batch: int = 2):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(n, 3), torch.randn(n, 1)), batch_size=batch)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    return model, optimizer, loader, scheduler
+
+
+def test_prepare_returns_objects_in_the_order_given() -> None:
+    accelerator = Accelerator(cpu=True)
+    model, optimizer, loader, scheduler = _parts()
+    prepared = accelerator.prepare(scheduler, loader, "untouched", optimizer, model)
+    assert isinstance(prepared[0], AcceleratedScheduler)
+    assert len(prepared[1]) == 4 and prepared[1].total_batch_size == 2
+    assert prepared[2] == "untouched"
+    assert isinstance(prepared[3], AcceleratedOptimizer)
+    assert prepared[4] is model  # one process: no wrapper
+    assert prepared[0].optimizers == [prepared[3]]
+    assert accelerator.prepare(model.weight) is model.weight
+
+
+def test_preparing_a_model_twice_is_refused() -> None:
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 2))
+    with pytest.raises(ValueError, match="already prepared"):
+        accelerator.prepare(model)
+
+
+def test_accumulate_steps_only_on_boundaries_and_on_the_last_batch() -> None:
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=3)
+    model, optimizer, loader, scheduler = accelerator.prepare(*_parts(n=10, batch=2))  # 5 batches
+    syncs, weights = [], []
+    for x, y in loader:
+        with accelerator.accumulate(model):
+            accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+            syncs.append(accelerator.sync_gradients)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad()
+            weights.append(model.weight.detach().clone())
+    # Boundary after 3 micro-batches, and the loader's last batch forces a sync.
+    assert syncs == [False, False, True, False, True]
+    changed = [not torch.equal(a, b) for a, b in itertools.pairwise(weights)]
+    assert changed == [False, True, False, True]
+    assert scheduler.get_last_lr() == [pytest.approx(0.1 * 0.5**2)]
+
+
+def test_backward_divides_the_loss_by_the_accumulation_steps() -> None:
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=4)
+    weight = torch.nn.Parameter(torch.ones(1))
+    accelerator.backward(weight.sum() * 8)
+    assert weight.grad.item() == pytest.approx(2.0)
+
+
+def test_plugin_and_steps_together_are_refused() -> None:
+    with pytest.raises(ValueError, match="not both"):
+        Accelerator(cpu=True, gradient_accumulation_steps=2, gradient_accumulation_plugin=GradientAccumulationPlugin(2))
+
+
+def test_clip_grad_norm_returns_the_norm_before_clipping() -> None:
+    accelerator = Accelerator(cpu=True)
+    weight = torch.nn.Parameter(torch.zeros(2))
+    (weight * torch.tensor([3.0, 4.0])).sum().backward()
+    norm = accelerator.clip_grad_norm_([weight], max_norm=1.0)
+    assert norm.item() == pytest.approx(5.0)
+    assert weight.grad.norm().item() == pytest.approx(1.0, rel=1e-5)
+    accelerator.clip_grad_value_([weight], 0.1)
+    assert weight.grad.abs().max().item() <= 0.1 + 1e-7
+
+
+def test_bf16_forward_autocasts_and_returns_fp32() -> None:
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(4, 4)))
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    out = model(torch.randn(2, 4))
+    assert seen == [torch.bfloat16] and out.dtype == torch.float32
+    with accelerator.autocast():
+        assert torch.nn.functional.linear(torch.ones(1, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    with accelerator.autocast(AutocastKwargs(enabled=False)):
+        assert torch.nn.functional.linear(torch.ones(1, 2), torch.ones(2, 2)).dtype == torch.float32
+    plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    assert plain(torch.randn(2, 4)).dtype == torch.float32 and seen[-1] == torch.float32
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("fp16", "mixed_precision='fp16' needs a GPU; on CPU use 'bf16' or 'no'"),
+        ("fp8", "mixed_precision='fp8' needs FP8 hardware"),
+        ("fp32", "mixed_precision='fp32' is not one of no, fp16, bf16, fp8"),
+    ],
+)
+def test_unusable_precision_is_refused_with_the_alternative(mode, message) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Accelerator(cpu=True, mixed_precision=mode)
+
+
+def test_launcher_contract_sets_precision_accumulation_and_cpu(monkeypatch) -> None:
+    monkeypatch.setenv(env.MIXED_PRECISION.name, "bf16")
+    monkeypatch.setenv(env.GRADIENT_ACCUMULATION_STEPS.name, "4")
+    monkeypatch.setenv(env.USE_CPU.name, "1")
+    accelerator = Accelerator()
+    assert (accelerator.mixed_precision, accelerator.gradient_accumulation_steps) == ("bf16", 4)
+    assert accelerator.device.type == "cpu"
+    # Arguments in code win over the launcher.
+    assert Accelerator(mixed_precision="no", gradient_accumulation_steps=2).mixed_precision == "no"
+
+
+def test_unsupported_strategy_from_the_launcher_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv(env.DISTRIBUTED_TYPE.name, "FSDP")
+    with pytest.raises(ValueError, match="X_DISTRIBUTED_TYPE=FSDP"):
+        Accelerator(cpu=True)
+
+
+def test_malformed_launcher_variable_names_variable_and_value(monkeypatch) -> None:
+    monkeypatch.setenv(env.GRADIENT_ACCUMULATION_STEPS.name, "two")
+    with pytest.raises(ValueError, match="X_GRADIENT_ACCUMULATION_STEPS"):
+        Accelerator(cpu=True)
+
+
+def test_two_accelerators_in_one_process_do_not_share_state() -> None:
+    first = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    second = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(even_batches=False))
+    model = first.prepare(torch.nn.Linear(1, 1))
+    with first.accumulate(model):
+        pass
+    assert first.sync_gradients is False and second.sync_gradients is True
+    assert first.even_batches is True and second.even_batches is False
+    assert second.gradient_accumulation_steps == 1
+
+
+def test_single_process_helpers() -> None:
+    accelerator = Accelerator(cpu=True)
+    assert (accelerator.is_main_process, accelerator.is_local_main_process, accelerator.is_last_process) == (
+        True,
+        True,
+        True,
+    )
+    assert accelerator.distributed_type == "NO"
+    with accelerator.split_between_processes([1, 2, 3]) as share:
+        assert share == [1, 2, 3]
+    assert accelerator.gather(torch.tensor([1, 2])).tolist() == [1, 2]
+    accelerator.set_trigger()
+    assert accelerator.check_trigger() is True and accelerator.check_trigger() is False
+    with pytest.raises(ValueError, match="process_index"):
+        accelerator.on_process(lambda: None)
+
+
+def test_optimizer_state_follows_the_wrapped_optimizer() -> None:
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 1)
+    raw = torch.optim.Adam(model.parameters())
+    model, optimizer = accelerator.prepare(model, raw)
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    assert optimizer.state is raw.state and len(raw.state) == 2
+    assert optimizer.param_groups is raw.param_groups
+    assert not accelerator.optimizer_step_was_skipped
+
+
+def test_trackers_log_through_the_accelerator_to_tensorboard(tmp_path) -> None:
+    pytest.importorskip("tensorboard", reason="tensorboard is a test dependency of x-runtime")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accelerator = Accelerator(cpu=True, log_with="tensorboard", project_dir=tmp_path)
+    accelerator.init_trackers("run1", config={"lr": 0.1, "epochs": 2})
+    for step, loss in enumerate([1.5, 1.25, 1.0]):
+        accelerator.log({"loss": loss}, step=step)
+    assert accelerator.get_tracker("tensorboard").name == "tensorboard"
+    accelerator.end_training()
+    events = EventAccumulator(str(tmp_path / "run1"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(0, 1.5), (1, 1.25), (2, 1.0)]
+    with pytest.raises(ValueError, match="no tracker named 'wandb'"):
+        accelerator.get_tracker("wandb")

@@ -1,0 +1,173 @@
+"""save_state / load_state / save_model in one process: files on disk, round trips, crashes."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from x_runtime import Accelerator, ProjectConfiguration, checkpointing
+from x_runtime.model_files import load_state_dict_files
+
+
+class Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+        self.norm = torch.nn.LayerNorm(4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.embed(ids)))
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+def _setup(project=None, **config):
+    accelerator = Accelerator(
+        cpu=True, project_config=ProjectConfiguration(project_dir=project, **config) if project else None
+    )
+    torch.manual_seed(0)
+    model = Tied()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 1, 0.5)
+    loader = DataLoader(TensorDataset(torch.arange(20) % 10), batch_size=4, shuffle=True)
+    counter = Counter()
+    model, optimizer, scheduler, loader = accelerator.prepare(model, optimizer, scheduler, loader)
+    accelerator.register_for_checkpointing(counter)
+    return accelerator, model, optimizer, scheduler, loader, counter
+
+
+def _train_step(accelerator, model, optimizer, scheduler, ids) -> None:
+    loss = model(ids).logsumexp(-1).mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad()
+
+
+def test_round_trip_restores_everything(tmp_path) -> None:
+    accelerator, model, optimizer, scheduler, loader, counter = _setup()
+    batches = iter(loader)
+    _train_step(accelerator, model, optimizer, scheduler, next(batches)[0])
+    counter.value = 7
+    accelerator.save_state(tmp_path / "ckpt")
+    expected_next = [next(batches)[0].tolist() for _ in range(2)]
+    after = (torch.rand(3), random.random())
+    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert files == [
+        "custom_checkpoint_0.bin",
+        "dataloaders.json",
+        "model.safetensors",
+        "optimizer.bin",
+        "random_states_0.bin",
+        "scheduler.bin",
+        "x_checkpoint.json",
+    ]
+    for name in ("optimizer.bin", "scheduler.bin", "custom_checkpoint_0.bin", "random_states_0.bin"):
+        torch.load(tmp_path / "ckpt" / name, weights_only=True)  # never needs unrestricted pickle
+
+    accelerator2, model2, optimizer2, scheduler2, loader2, counter2 = _setup()
+    accelerator2.load_state(tmp_path / "ckpt")
+    assert counter2.value == 7
+    assert torch.equal(model2.embed.weight, model.embed.weight) and model2.head.weight is model2.embed.weight
+    assert scheduler2.get_last_lr() == scheduler.get_last_lr()
+    assert optimizer2.state_dict()["state"][0]["exp_avg"].equal(optimizer.state_dict()["state"][0]["exp_avg"])
+    assert (torch.rand(3).tolist(), random.random()) == (after[0].tolist(), after[1])
+    resumed = accelerator2.skip_first_batches(loader2, 1)
+    assert [b[0].tolist() for b in resumed][:2] == expected_next
+
+
+def test_automatic_naming_keeps_total_limit_newest(tmp_path) -> None:
+    accelerator, *_ = _setup(tmp_path, automatic_checkpoint_naming=True, total_limit=2)
+    for _ in range(4):
+        accelerator.save_state()
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert names == ["checkpoint_2", "checkpoint_3"]
+    assert accelerator.save_iteration == 4
+    fresh, *_ = _setup(tmp_path, automatic_checkpoint_naming=True, total_limit=2)
+    assert fresh.load_state().endswith("checkpoint_3") and fresh.save_iteration == 4
+
+
+def test_crash_mid_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch) -> None:
+    accelerator, model, optimizer, scheduler, _loader, _counter = _setup()
+    accelerator.save_state(tmp_path / "ckpt")
+    saved = model.embed.weight.detach().clone()
+    _train_step(accelerator, model, optimizer, scheduler, torch.tensor([1, 2]))
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("killed while renaming")
+
+    monkeypatch.setattr(checkpointing, "replace_dir", crash)
+    with pytest.raises(KeyboardInterrupt):
+        accelerator.save_state(tmp_path / "ckpt")
+    monkeypatch.undo()
+    assert (tmp_path / ".ckpt.partial").is_dir()
+    other, model2, *_ = _setup()
+    other.load_state(tmp_path / "ckpt")
+    assert torch.equal(model2.embed.weight, saved)
+    # The next save clears the leftover and completes.
+    accelerator.save_state(tmp_path / "ckpt")
+    assert not (tmp_path / ".ckpt.partial").exists()
+
+
+def test_checkpoint_moved_aside_by_an_interrupted_replace_still_loads(tmp_path) -> None:
+    accelerator, model, *_ = _setup()
+    accelerator.save_state(tmp_path / "ckpt")
+    (tmp_path / "ckpt").rename(tmp_path / ".ckpt.old")
+    other, model2, *_ = _setup()
+    assert other.load_state(tmp_path / "ckpt").endswith(".ckpt.old")
+    assert torch.equal(model2.embed.weight, model.embed.weight)
+
+
+def test_incomplete_or_mismatched_checkpoints_are_refused(tmp_path) -> None:
+    accelerator, *_ = _setup()
+    (tmp_path / "half").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+        accelerator.load_state(tmp_path / "half")
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        accelerator.load_state(tmp_path / "absent")
+    accelerator.save_state(tmp_path / "ckpt")
+    bare = Accelerator(cpu=True)
+    bare.prepare(torch.nn.Linear(1, 1))
+    with pytest.raises(ValueError, match="holds 1 optimizers but 0 are prepared"):
+        bare.load_state(tmp_path / "ckpt")
+
+
+def test_save_state_needs_a_folder() -> None:
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="output_dir"):
+        accelerator.save_state()
+    with pytest.raises(ValueError, match="project_dir"):
+        Accelerator(cpu=True, project_config=ProjectConfiguration(automatic_checkpoint_naming=True)).save_state()
+
+
+def test_save_model_shards_with_an_index_and_keeps_ties(tmp_path) -> None:
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(Tied())
+    accelerator.save_model(model, tmp_path / "m", max_shard_size=100)
+    index = json.loads((tmp_path / "m" / "model.safetensors.index.json").read_text())
+    assert sorted(index["weight_map"]) == ["embed.weight", "head.weight", "norm.bias", "norm.weight"]
+    assert (
+        index["weight_map"]["head.weight"] == index["weight_map"]["embed.weight"] == "model-00001-of-00002.safetensors"
+    )
+    assert index["metadata"]["total_size"] == (10 * 4 + 4 + 4) * 4  # the tied weight once
+    loaded = load_state_dict_files(tmp_path / "m")
+    assert loaded["head.weight"] is loaded["embed.weight"]
+    accelerator.save_model(model, tmp_path / "m")
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["model.safetensors"]
+    with pytest.raises(ValueError, match="is a file"):
+        accelerator.save_model(model, tmp_path / "m" / "model.safetensors")
