@@ -43,3 +43,8 @@ def test_collectives_through_the_accelerator(three) -> None:
 def test_trigger_set_on_one_process_is_seen_everywhere_once(three) -> None:
     assert all(r["trigger"] is True and r["trigger_again"] is False for r in three)
     assert all(r["trigger_second"] is False for r in three)
+
+
+def test_a_new_accelerator_after_end_training_joins_the_same_group(three) -> None:
+    # DDP averages the gradients (rank+1) * ones over 3 ranks: mean of 1, 2, 3 is 2.
+    assert all(r["after_end_training_grad"] == [[2.0, 2.0]] for r in three)

@@ -669,14 +669,19 @@ class Accelerator:
             tracker.log(values, step=step, **(log_kwargs or {}).get(tracker.name, {}))
 
     def end_training(self) -> None:
-        """Close trackers, wait for every process, and leave the process group."""
+        """Close trackers, wait for every process, and release what was prepared.
+
+        The process group stays up until the interpreter exits (then it is left cleanly):
+        re-creating a group in the same process after destroying it hangs the first collective
+        under torchrun (torch 2.13, its agent's store), so a later ``Accelerator`` in this
+        process joins the existing group instead.
+        """
         for tracker in self.trackers:
             tracker.finish()
         self.trackers = []
         self.wait_for_everyone()
         self._prepared.clear()
         gc.collect()
-        self.state.destroy()
 
     # --- memory ----------------------------------------------------------------------------
     def free_memory(self, *objects: Any) -> list[None]:

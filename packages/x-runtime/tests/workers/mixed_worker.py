@@ -39,8 +39,13 @@ def main() -> None:
     found["trigger"] = first.check_trigger()
     found["trigger_again"] = first.check_trigger()
     found["trigger_second"] = second.check_trigger()
-    report(found)
     first.end_training()
+    # After end_training a new accelerator in the same process trains over the same group.
+    third = Accelerator(cpu=True)
+    model = third.prepare(torch.nn.Linear(2, 1))
+    third.backward(model(torch.ones(1, 2) * (rank + 1)).sum())
+    found["after_end_training_grad"] = model.module.weight.grad.tolist()
+    report(found)
 
 
 if __name__ == "__main__":
