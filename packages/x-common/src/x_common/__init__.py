@@ -9,13 +9,49 @@
 Importing it imports no torch.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from x_common._version import __version__
-from x_common.devices import BACKENDS, Device, available_backends, device_count, list_devices
-from x_common.dtypes import dtype_bits, dtype_byte_size, dtype_name, is_floating, tensor_nbytes
+
+# These three share their module's name: bound here, after their modules are imported, so the
+# package attribute is the function whichever import comes first.
 from x_common.host_memory import HostMemory, host_memory
 from x_common.module_sizes import module_sizes
 from x_common.process_env import ProcessEnv, process_env
-from x_common.sizes import format_size, parse_size
+
+# The rest is imported on first use: ``import x_common`` (done by every x command at start-up)
+# stays cheap; device discovery and size parsing load only when asked for.
+_HOME = {
+    "BACKENDS": "devices",
+    "Device": "devices",
+    "available_backends": "devices",
+    "device_count": "devices",
+    "list_devices": "devices",
+    "dtype_bits": "dtypes",
+    "dtype_byte_size": "dtypes",
+    "dtype_name": "dtypes",
+    "is_floating": "dtypes",
+    "tensor_nbytes": "dtypes",
+    "format_size": "sizes",
+    "parse_size": "sizes",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'x_common' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"x_common.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
+
 
 __all__ = [
     "BACKENDS",

@@ -40,8 +40,9 @@ __all__ = [
 ]
 
 # A tensor all_gather costs about a sixth of an all_gather_object on gloo (pickling plus two
-# collectives), and the cost barely moves up to a few hundred words: room for ~60 tensors.
-_META_WORDS = 256
+# collectives). 32 words hold the header and a handful of 2-4-d tensors, the usual metrics
+# batch; a larger structure takes a second round sized to fit (every process sees that).
+_META_WORDS = 32
 _HEADER = 4  # words needed, problem flag, structure fingerprint, tensor count
 
 # Tensors up to this size travel together in one byte buffer: below it a collective's latency
@@ -530,7 +531,7 @@ def _gather_checked(table: _Table, world: int) -> list[torch.Tensor]:
     ]
     small = [i for i, sizes in enumerate(nbytes) if max(sizes) <= _PACK_BYTES]
     results: list[torch.Tensor | None] = [None] * len(table.tensors)
-    if small:
+    if len(small) > 1:  # packing pays off only when it saves a collective
         for i, result in zip(small, _gather_packed(table, small, nbytes, world), strict=True):
             results[i] = result
     for i, tensor in enumerate(table.tensors):
