@@ -101,7 +101,11 @@ for _package in PACKAGES:
 
 @nox.session(python=None, tags=["ci"])
 def integration(session: nox.Session) -> None:
-    """Every package together, real processes, integration-tests/."""
+    """Every package together, real processes, integration-tests/.
+
+    The requires_slurm tests run on a real cluster: if none answers, integration-tests/conftest.py
+    starts the local two-node one from ../shared/slurm (as root) and stops it afterwards.
+    """
     install(session, PACKAGES)
     run_pytest(session, "integration-tests")
 
@@ -125,6 +129,8 @@ def docs(session: nox.Session) -> None:
 # Command-line tools shown by the demo, on inputs the repository ships.
 DEMO_COMMANDS = (
     ("x-launch", "env"),
+    ("x-launch", "test", "--num_processes", "2", "--cpu"),
+    ("x-launch", "--num_processes", "2", "--cpu", "examples/train.py", "--epochs", "3"),
     (
         "x-estimate",
         "examples/configs/llama-3.1-8b",

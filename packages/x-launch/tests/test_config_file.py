@@ -210,14 +210,13 @@ use_cpu: false
 ACCELERATE_IGNORED = [
     "downcast_bf16",
     "enable_cpu_affinity",
-    "main_training_function",
     "same_network",
     "tpu_env",
     "tpu_use_cluster",
     "tpu_use_sudo",
 ]
 
-COMMON = {"compute_environment": "LOCAL_MACHINE", "debug": False, "machine_rank": 0}
+COMMON = {"compute_environment": "LOCAL_MACHINE", "debug": False, "machine_rank": 0, "main_training_function": "main"}
 
 
 def test_accelerate_multi_gpu_config_loads_unchanged(tmp_path: Path) -> None:
@@ -305,7 +304,6 @@ def test_accelerate_dynamo_multi_node_config_loads_unchanged(tmp_path: Path) -> 
     assert loaded.ignored == [
         "downcast_bf16",
         "enable_cpu_affinity",
-        "main_training_function",
         "parallelism_config",
         "same_network",
         "tpu_env",
@@ -332,7 +330,6 @@ def test_json_written_into_a_yaml_file_loads(tmp_path: Path) -> None:
     assert loaded.ignored == [
         "downcast_bf16",
         "enable_cpu_affinity",
-        "main_training_function",
         "same_network",
         "tpu_use_cluster",
         "tpu_use_sudo",
@@ -389,7 +386,7 @@ def test_files_written_by_accelerates_own_writers_load(tmp_path: Path) -> None:
     loaded = load_config(basic)
     assert loaded.values["mixed_precision"] == "fp16"
     assert loaded.values["compute_environment"] == "LOCAL_MACHINE"
-    assert "main_training_function" in loaded.ignored
+    assert loaded.values["main_training_function"] == "main"  # used by x-launch --tpu
 
     written = tmp_path / "ds.yaml"
     config_args.ClusterConfig(

@@ -166,6 +166,8 @@ SLURM_NTASKS_PER_NODE = EnvVar("SLURM_NTASKS_PER_NODE", Int(minimum=1), None, "o
 SLURM_TASKS_PER_NODE = EnvVar("SLURM_TASKS_PER_NODE", Str(), None, "tasks per host, compressed, e.g. '2(x3),1'")
 SLURM_CPUS_PER_TASK = EnvVar("SLURM_CPUS_PER_TASK", Int(minimum=1), None, "only with --cpus-per-task")
 SLURM_GPUS_ON_NODE = EnvVar("SLURM_GPUS_ON_NODE", Int(minimum=0), None, "GPUs allocated on this host")
+SLURM_STEP_ID = EnvVar("SLURM_STEP_ID", Str(), None, "set inside a job step (srun), not in the batch script")
+SLURM_STEP_NODELIST = EnvVar("SLURM_STEP_NODELIST", Str(), None, "hosts of the step, compressed (srun)")
 CUDA_VISIBLE_DEVICES = EnvVar("CUDA_VISIBLE_DEVICES", Str(), None, "CUDA devices this process sees")
 PJRT_DEVICE = EnvVar("PJRT_DEVICE", Choice(("TPU", "CPU", "CUDA", "NEURON")), None, "torch_xla runtime device")
 CPU_NUM_DEVICES = EnvVar("CPU_NUM_DEVICES", Int(minimum=1), None, "torch_xla virtual CPU devices")

@@ -35,6 +35,7 @@ def _cli() -> None:
       x-launch config default          # write a config for this machine
       x-launch config show             # the effective config, and where each value comes from
       x-launch env                     # versions, devices and config, for a bug report
+      x-launch test                    # distributed self-check under the configured launch
       x-launch --num_processes 2 --cpu train.py   # launch (see x-launch launch --help)
     """
 
@@ -143,6 +144,45 @@ def env_command(config_file: Path | None) -> None:
     click.echo(env_report(path, why))
 
 
+@_cli.command("test")
+@_CONFIG_FILE
+@click.option("--num_processes", "--num-processes", "num_processes", default=None, metavar="VALUE")
+@click.option(
+    "--cpu", "--use_cpu", "use_cpu", is_flag=True, default=None, help="Run on CPU (gloo) even when GPUs are present."
+)
+def test_command(config_file: Path | None, num_processes: str | None, use_cpu: bool | None) -> None:
+    """Run a short distributed self-check under the configured launch.
+
+    \b
+    Checks, one line each: rendezvous, rank layout, device per rank, all_reduce, broadcast,
+    all_gather and, when x-runtime is installed, the Accelerator (data sharding,
+    gather_for_metrics, training parity). Exits non-zero naming the check that failed.
+
+    \b
+    Examples:
+      x-launch test
+      x-launch test --config_file "./my configs/launch.yaml"
+      x-launch test --num_processes 2 --cpu
+    """
+    from x_launch.config_file import find_config, load_config
+    from x_launch.launch_plan import build_plan
+    from x_launch.resolve import Setting, resolve
+    from x_launch.test_command import run_self_check
+
+    path, _ = find_config(config_file)
+    settings = resolve(
+        load_config(path) if path is not None else None, {"num_processes": num_processes, "use_cpu": use_cpu}
+    )
+    port = settings["main_process_port"]
+    if port.source == "default" and settings["num_machines"].value == 1:
+        # A self-check on one machine must not fail because port 29500 is taken by another job.
+        settings["main_process_port"] = Setting(0, "x-launch test (a free port)")
+    # Built once before starting anything: a bad config is one line; SLURM may change the world size.
+    probe = build_plan(settings, ["x_launch.selfcheck"], module=True)
+    world = int(probe.settings["num_processes"].value)
+    sys.exit(run_self_check(lambda target: build_plan(settings, target, module=True), world, click.echo))
+
+
 def _flag(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     from x_common.env import launch_flag_var
 
@@ -163,6 +203,7 @@ _CONFIG_FLAGS = (
     "mixed_precision",
     "gradient_accumulation_steps",
     "dynamo_backend",
+    "main_training_function",
 )
 
 
@@ -180,6 +221,13 @@ def _launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
 @_launch_options
 @click.option(
     "--cpu", "--use_cpu", "use_cpu", is_flag=True, default=None, help="Run on CPU (gloo) even when GPUs are present."
+)
+@click.option(
+    "--tpu",
+    "tpu",
+    is_flag=True,
+    default=None,
+    help="Run on this host's TPU devices through torch_xla; each process calls --main_training_function.",
 )
 @click.option("-m", "--module", is_flag=True, help="TARGET is a module to run as python -m does.")
 @_flag("dry_run", is_flag=True, help="Print the resolved config, the command and its environment; start nothing.")

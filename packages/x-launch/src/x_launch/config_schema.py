@@ -68,6 +68,7 @@ SCHEMA: dict[str, Field] = {
     "gradient_accumulation_steps": Field("int", 1, minimum=1, doc="micro-batches per optimizer step"),
     "debug": Field("bool", False, doc="check shapes agree across ranks before collectives"),
     "tpu": Field("bool", False, doc="launch through torch_xla"),
+    "main_training_function": Field("str", "main", doc="function of the script each TPU process calls"),
 }
 
 SECTIONS: dict[str, dict[str, Field]] = {
@@ -136,7 +137,6 @@ SECTIONS: dict[str, dict[str, Field]] = {
 IGNORED_KEYS = frozenset(
     {
         "same_network",
-        "main_training_function",
         "enable_cpu_affinity",
         "downcast_bf16",
         "fp8_config",

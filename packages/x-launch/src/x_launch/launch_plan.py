@@ -2,19 +2,24 @@
 
 One process: the interpreter runs the script directly. Several processes or machines:
 ``python -m torch.distributed.run`` (torchrun's elastic agent: rendezvous, restarts, failure
-propagation). What the runtime needs travels as ``x_common.env`` variables. Building a plan
-imports no torch, so ``--dry-run`` answers at once.
+propagation). Inside a SLURM allocation, ``x_launch.slurm_plan`` fills in machines, ranks,
+address and port from SLURM's variables first (and may run the script directly, one srun task
+per rank, or hand over to ``srun``). What the runtime needs travels as ``x_common.env``
+variables. Building a plan imports no torch, so ``--dry-run`` answers at once.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from x_common import env
+from x_launch import slurm_plan
 from x_launch.config_file import ConfigError
 from x_launch.resolve import Setting
 
@@ -57,8 +62,9 @@ _CONTRACT = {
 class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
-    engine: str  # "python" or "torchrun"
+    engine: str  # "python", "torchrun" or "srun" (one x-launch per SLURM node)
     settings: dict[str, Setting] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # how the plan came about, e.g. the SLURM situation
 
     def describe(self) -> str:
         """What --dry-run prints: every value with its source, the command, the environment."""
@@ -68,6 +74,7 @@ class LaunchPlan:
                 continue
             value = "-" if setting.value is None else setting.value
             lines.append(f"  {key}: {value}  [{setting.source}]")
+        lines += self.notes
         lines += [f"engine: {self.engine}", f"command: {shlex.join(self.argv)}", "environment:"]
         lines += [f"  {name}={value}" for name, value in sorted(self.env.items())]
         return "\n".join(lines)
@@ -119,15 +126,25 @@ def build_plan(
     log_dir: str | None = None,
     tee: bool = False,
     python: str = sys.executable,
+    environ: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
     """The command for ``target`` (script and its arguments, or module and its arguments).
+
+    ``environ`` (default ``os.environ``) is where a SLURM allocation is recognised.
 
     Raises:
         ConfigError: settings that cannot describe a job, named with the fix.
     """
+    environ = os.environ if environ is None else environ
+    job = slurm_plan.detect(environ)
+    notes: list[str] = []
+    if job is not None:
+        settings = slurm_plan.derive(settings, job, environ)
+        notes.append(slurm_plan.note(job))
     value = {key: s.value for key, s in settings.items()}
     procs, machines, rank = value["num_processes"], value["num_machines"], value["machine_rank"]
-    if procs % machines:
+    every_task_a_rank = job is not None and job.mode == slurm_plan.TASK  # srun may spread tasks unevenly
+    if procs % machines and not every_task_a_rank:
         raise ConfigError(
             f"num_processes {procs} is not a multiple of num_machines {machines}: every machine runs the same number"
         )
@@ -135,14 +152,31 @@ def build_plan(
         raise ConfigError(f"machine_rank {rank} must be below num_machines {machines} (ranks start at 0)")
     if value["mixed_precision"] == "fp16" and value["use_cpu"]:
         raise ConfigError("mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
-    if value["tpu"] or value["distributed_type"] == "XLA":
-        raise ConfigError("TPU launches are not available in this x-launch version; see the x-launch README")
     if tee and not log_dir:
         raise ConfigError("--tee copies the per-rank log files to the terminal; give --log_dir too")
     env_vars = _contract_env(settings)
+    if value["tpu"] or value["distributed_type"] == "XLA":
+        return _tpu_plan(
+            settings, target, module=module, log_dir=log_dir, python=python, env_vars=env_vars, notes=notes
+        )
+    if job is not None and job.mode == slurm_plan.SRUN:
+        argv = slurm_plan.srun_argv(job, settings, target, module=module, log_dir=log_dir, tee=tee, python=python)
+        return LaunchPlan(argv, {}, "srun", settings, notes)  # the x-launch on each node sets the environment
+    if job is not None and every_task_a_rank:
+        for asked, what in ((log_dir, "--log_dir"), (value["max_restarts"], "--max_restarts")):
+            if asked:
+                raise ConfigError(
+                    f"{what} needs torchrun, which x-launch does not start when every srun task is one process: "
+                    "use srun --ntasks-per-node=1 (x-launch then starts the processes on each node)"
+                )
+        if not value["main_process_port"]:
+            raise ConfigError("--main_process_port 0 cannot work when every srun task is one rank: give a port")
+        env_vars.update(slurm_plan.rank_environment(job, settings))
+        argv = [python, *(["-m"] if module else []), *target]
+        return LaunchPlan(argv, env_vars, "python", settings, notes)
     if procs == 1 and machines == 1:
         argv = [python, *(["-m"] if module else []), *target]
-        return LaunchPlan(argv, env_vars, "python", settings)
+        return LaunchPlan(argv, env_vars, "python", settings, notes)
     ip, port = value["main_process_ip"], value["main_process_port"]
     if machines > 1 and not ip:
         raise ConfigError("a multi-machine launch needs --main_process_ip, the address of machine 0")
@@ -170,4 +204,39 @@ def build_plan(
         argv += ["--log-dir", log_dir, "--tee" if tee else "--redirects", "3"]
 
     argv += [*(["-m"] if module else []), *target]
-    return LaunchPlan(argv, env_vars, "torchrun", settings)
+    return LaunchPlan(argv, env_vars, "torchrun", settings, notes)
+
+
+def _tpu_plan(
+    settings: dict[str, Setting],
+    target: list[str],
+    *,
+    module: bool,
+    log_dir: str | None,
+    python: str,
+    env_vars: dict[str, str],
+    notes: list[str],
+) -> LaunchPlan:
+    """torch_xla's launcher on this TPU host: one process per TPU device, each calling a function."""
+    value = {key: s.value for key, s in settings.items()}
+    if value["num_machines"] > 1:
+        raise ConfigError(
+            f"--tpu with --num_machines {value['num_machines']}: on a TPU pod, run x-launch --tpu on every host "
+            "(e.g. gcloud compute tpus tpu-vm ssh NAME --worker=all --command 'x-launch --tpu train.py'), "
+            "each with --num_machines 1"
+        )
+    if value["use_cpu"]:
+        raise ConfigError("--tpu and --cpu contradict each other: pick one")
+    if module:
+        raise ConfigError("--tpu calls a function of a script file: give the script's path, not -m MODULE")
+    if log_dir:
+        raise ConfigError("--log_dir needs torchrun's per-rank logs; torch_xla's launcher has none: drop it with --tpu")
+    argv = [python, "-m", "x_launch.xla_run", "--main_training_function", str(value["main_training_function"])]
+    if value["num_processes"] == 1 and settings["num_processes"].source != "default":
+        argv += ["--nprocs", "1"]
+    else:
+        notes.append("tpu: torch_xla starts one process per TPU device of this host")
+    env_vars = {**env_vars, env.DISTRIBUTED_TYPE.name: "XLA"}
+    if not env.PJRT_DEVICE.is_set():
+        env_vars[env.PJRT_DEVICE.name] = "TPU"
+    return LaunchPlan([*argv, *target], env_vars, "torch_xla", settings, notes)

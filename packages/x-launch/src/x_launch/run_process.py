@@ -1,33 +1,157 @@
-"""Run the engine as a child, pass SIGINT/SIGTERM on to it, and exit as it did.
+"""Run the engine as a child, pass SIGINT/SIGTERM on to it, and say which rank failed and why.
 
 torchrun's agent already stops every worker when one fails and when it is told to stop; the
-launcher only has to make sure the signal reaches it and that its exit status comes back.
+launcher makes sure the signal reaches it, that the agent dies with the launcher even if the
+launcher is killed outright (Linux: parent-death signal), and that a failure ends with one
+plain summary: which rank, its exit code or signal, and the last lines of its log.
 """
 
 from __future__ import annotations
 
+import collections
 import os
+import re
 import signal
 import subprocess
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 
 from x_launch.launch_plan import LaunchPlan
 
-__all__ = ["run_plan"]
+__all__ = ["RankFailure", "describe_failure", "parse_root_cause", "run_plan"]
+
+TAIL_LINES = 15
+_ROOT_CAUSE = re.compile(
+    r"Root Cause.*?rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\).*?exitcode\s*:\s*(?P<code>-?\d+)",
+    re.S,
+)
+_HOST = re.compile(r"Root Cause.*?host\s*:\s*(?P<host>\S+)", re.S)
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """The first rank that failed, as torchrun's agent reported it."""
+
+    rank: int
+    local_rank: int
+    exit_code: int  # negative: killed by that signal
+    host: str | None = None
+
+    def cause(self) -> str:
+        if self.exit_code < 0:
+            try:
+                name = signal.Signals(-self.exit_code).name
+            except ValueError:
+                name = f"signal {-self.exit_code}"
+            return f"was killed by {name}"
+        return f"exited with code {self.exit_code}"
+
+
+def parse_root_cause(agent_stderr: str) -> RankFailure | None:
+    """The root-cause rank from the failure summary torchrun's agent prints, if there is one."""
+    match = _ROOT_CAUSE.search(agent_stderr)
+    if match is None:
+        return None
+    host = _HOST.search(agent_stderr)
+    return RankFailure(
+        rank=int(match["rank"]),
+        local_rank=int(match["local"]),
+        exit_code=int(match["code"]),
+        host=host["host"] if host else None,
+    )
+
+
+def _rank_logs(log_dir: Path, local_rank: int) -> list[Path]:
+    """The failed rank's log files under torchrun's ``<run>/attempt_<n>/<local_rank>/`` layout, newest attempt."""
+    found = sorted(log_dir.glob(f"*/attempt_*/{local_rank}/std*.log"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        return []
+    newest = found[-1].parent
+    return [path for path in (newest / "stderr.log", newest / "stdout.log") if path.is_file()]
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    with open(path, errors="replace") as handle:
+        return list(collections.deque(handle, maxlen=lines))
+
+
+def describe_failure(failure: RankFailure, log_dir: Path | None, agent_code: int) -> list[str]:
+    """The summary lines x-launch prints when a rank failed."""
+    where = f"local rank {failure.local_rank}" + (f" on {failure.host}" if failure.host else "")
+    lines = [
+        f"x-launch: rank {failure.rank} ({where}) {failure.cause()}; "
+        f"the other ranks were stopped and the job exited {agent_code}"
+    ]
+    logs = _rank_logs(log_dir, failure.local_rank) if log_dir is not None else []
+    shown = next((path for path in logs if path.stat().st_size > 0), None)
+    if shown is not None:
+        lines.append(f"x-launch: last lines of rank {failure.rank}'s output ({shown}):")
+        lines += [f"  | {line.rstrip()}" for line in _tail(shown, TAIL_LINES)]
+    elif log_dir is None:
+        lines.append("x-launch: rerun with --log_dir DIR to keep each rank's output in files")
+    return lines
+
+
+def _log_dir(argv: list[str]) -> Path | None:
+    return Path(argv[argv.index("--log-dir") + 1]) if "--log-dir" in argv else None
+
+
+def _die_with_parent() -> None:
+    # If x-launch is killed outright (SIGKILL), the agent gets SIGTERM and stops its workers.
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _pump(stream: Iterable[bytes], keep: collections.deque[str]) -> None:
+    out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+    for raw in stream:
+        if out is not None:
+            out.write(raw)
+            out.flush()
+        else:
+            sys.stderr.write(raw.decode(errors="replace"))
+        keep.append(raw.decode(errors="replace"))
 
 
 def run_plan(plan: LaunchPlan) -> int:
     """Start the plan's command and wait; the exit code (128 + N for a signal N)."""
-    child = subprocess.Popen(plan.argv, env={**os.environ, **plan.env})
+    watch = plan.engine == "torchrun"
+    child = subprocess.Popen(
+        plan.argv,
+        env={**os.environ, **plan.env},
+        stderr=subprocess.PIPE if watch else None,
+        preexec_fn=_die_with_parent,  # safe: this process has started no threads yet
+    )
+    stopping = threading.Event()
 
     def forward(signum: int, _frame: FrameType | None) -> None:
+        stopping.set()
         if child.poll() is None:
             child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    kept: collections.deque[str] = collections.deque(maxlen=400)
+    pump = None
+    if watch and child.stderr is not None:
+        pump = threading.Thread(target=_pump, args=(child.stderr, kept), daemon=True)
+        pump.start()
     try:
         code = child.wait()
+        if pump is not None:
+            pump.join(timeout=5)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if code != 0 and watch and not stopping.is_set():
+        failure = parse_root_cause("".join(kept))
+        if failure is not None:
+            for line in describe_failure(failure, _log_dir(plan.argv), code):
+                print(line, file=sys.stderr, flush=True)
     return 128 - code if code < 0 else code

@@ -444,7 +444,7 @@ def _all_gather_words(words: list[int], world: int) -> list[list[int]]:
         local[: min(len(words), capacity)] = torch.tensor(words[:capacity], dtype=torch.int64)
         local = local.to(device)
         gathered = torch.empty(world * capacity, dtype=torch.int64, device=device)
-        dist.all_gather(list(gathered.view(world, capacity).unbind(0)), local)
+        _gather_into(gathered, local)
         rows = gathered.view(world, capacity).tolist()
         needed = max(row[0] for row in rows)  # the same on every process, so all retry or none
         if needed <= capacity:
@@ -516,12 +516,15 @@ def _data_device(tensor: torch.Tensor) -> torch.device:
 def _all_gather_rows(local: torch.Tensor, world: int) -> torch.Tensor:
     """``world`` equal-shaped, contiguous blocks gathered into one tensor, rank after rank along dim 0."""
     out = local.new_empty((world * local.shape[0], *local.shape[1:]))
-    send, receive = _wire(local), _wire(out)
-    if dist.get_backend() == "nccl":
-        dist.all_gather_into_tensor(receive, send)  # no staging copies on NCCL
-    else:
-        dist.all_gather(list(receive.view(world, *send.shape).unbind(0)), send)
+    _gather_into(_wire(out), _wire(local))
     return out
+
+
+def _gather_into(out: torch.Tensor, local: torch.Tensor) -> None:
+    # One output tensor instead of a list of views: no staging copies on NCCL, and on gloo it
+    # saves torch's per-call list handling. torch 2.13 renamed all_gather_into_tensor.
+    single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    single(out, local)
 
 
 def _gather_checked(table: _Table, world: int) -> list[torch.Tensor]:

@@ -55,12 +55,22 @@ def main() -> None:
         except Exception as error:
             results[name] = {"error": type(error).__name__, "message": str(error)}
 
-    # Collectives issued by the module, counted by wrapping torch.distributed's functions.
+    # Collectives issued by the module, counted by wrapping torch.distributed's functions; the
+    # tensor all_gather flavours (list, into one tensor, torch 2.13's all_gather_single) count as one.
     counts: dict[str, int] = {}
-    for fname in ("all_gather", "all_gather_into_tensor", "all_gather_object", "all_reduce", "broadcast"):
+    names = (
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_single",
+        "all_gather_object",
+        "all_reduce",
+        "broadcast",
+    )
+    for fname in (n for n in names if hasattr(dist, n)):
         original = getattr(dist, fname)
+        key = "all_gather" if fname in ("all_gather_into_tensor", "all_gather_single") else fname
 
-        def counted(*args: Any, _original: Any = original, _name: str = fname, **kwargs: Any) -> Any:
+        def counted(*args: Any, _original: Any = original, _name: str = key, **kwargs: Any) -> Any:
             counts[_name] = counts.get(_name, 0) + 1
             return _original(*args, **kwargs)
 

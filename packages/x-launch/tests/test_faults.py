@@ -1,0 +1,173 @@
+"""Faults: a dying rank stops the job and is named; signals to x-launch leave no process behind.
+
+Process trees are read from /proc (Linux), so "nothing left" is checked, not assumed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from x_launch.run_process import RankFailure, describe_failure, parse_root_cause
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+
+WORKER = """
+import os, signal, sys, time
+from pathlib import Path
+rank = int(os.environ["RANK"])
+print(f"rank {rank} is working", flush=True)
+print(f"rank {rank} last words", file=sys.stderr, flush=True)
+Path(sys.argv[1], f"ready{rank}").write_text(str(os.getpid()))
+mode = sys.argv[2]
+if rank == 1 and mode == "kill":
+    while len(list(Path(sys.argv[1]).glob("ready*"))) < 2:
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+if rank == 1 and mode == "exit":
+    sys.exit(7)
+time.sleep(120)
+"""
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of ``pid``."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] != "Z":
+            parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        if state[state.rindex(")") + 2] != "Z":
+            alive.add(pid)
+    return alive
+
+
+@pytest.fixture
+def start(console_script, tmp_path: Path):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("X_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    clean.update(XDG_CONFIG_HOME=str(tmp_path / "cfg"), HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    started: list[subprocess.Popen] = []
+
+    def go(mode: str, *flags: str) -> subprocess.Popen:
+        argv = [console_script("x-launch"), "--num_processes", "2", "--cpu", "--main_process_port", "0", *flags]
+        proc = subprocess.Popen(
+            [*argv, str(script), str(tmp_path), mode],
+            env=clean,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # signals from the test reach x-launch only, as from a user's kill
+        )
+        started.append(proc)
+        return proc
+
+    yield go
+    for proc in started:  # never leave a stray job behind a failing test
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _wait_ready(folder: Path, count: int = 2, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(folder.glob("ready*"))) < count:
+        assert time.monotonic() < deadline, "workers did not start"
+        time.sleep(0.05)
+
+
+def test_a_killed_rank_stops_the_job_and_is_named_with_its_log(start, tmp_path: Path) -> None:
+    proc = start("kill", "--log_dir", str(tmp_path / "logs"))
+    _wait_ready(tmp_path)
+    killed_at = time.monotonic()
+    tree = _children(proc.pid)
+    _, stderr = proc.communicate(timeout=60)
+    assert time.monotonic() - killed_at < 10, "the job did not stop within 10 s of the rank dying"
+    assert proc.returncode != 0
+    assert "x-launch: rank 1 (local rank 1 on" in stderr and "was killed by SIGKILL" in stderr
+    assert "x-launch: last lines of rank 1's output" in stderr and "  | rank 1 last words" in stderr
+    time.sleep(0.5)
+    assert _alive(tree) == set(), "processes of the job outlived it"
+
+
+def test_a_rank_exit_code_is_named(start, tmp_path: Path) -> None:
+    proc = start("exit")
+    _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert "x-launch: rank 1 (local rank 1 on" in stderr and "exited with code 7" in stderr
+    assert "rerun with --log_dir DIR" in stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_a_signal_to_x_launch_leaves_no_process_behind(start, tmp_path: Path, sig) -> None:
+    proc = start("wait")
+    _wait_ready(tmp_path)
+    tree = _children(proc.pid)
+    workers = {int(p.read_text()) for p in tmp_path.glob("ready*")}
+    assert workers <= tree and len(tree) >= 3  # the agent and two workers
+    os.kill(proc.pid, sig)
+    _, stderr = proc.communicate(timeout=30)
+    deadline = time.monotonic() + (5 if sig != signal.SIGKILL else 10)
+    while _alive(tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive(tree) == set(), f"left behind after {sig.name}: {sorted(_alive(tree))}"
+    # A stop the user asked for is not reported as a failing rank.
+    assert "x-launch: rank" not in stderr
+
+
+SUMMARY = """
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_02:51:36
+  host      : node7
+  rank      : 5 (local_rank: 1)
+  exitcode  : -9 (pid: 12891)  (SIGKILL)
+"""
+
+
+def test_parse_root_cause_reads_torchruns_summary() -> None:
+    assert parse_root_cause(SUMMARY) == RankFailure(rank=5, local_rank=1, exit_code=-9, host="node7")
+    assert parse_root_cause("no summary here") is None
+
+
+def test_describe_failure_tails_the_newest_attempts_log(tmp_path: Path) -> None:
+    for attempt, text in ((0, "old\n"), (1, "".join(f"line {i}\n" for i in range(30)))):
+        folder = tmp_path / "run" / f"attempt_{attempt}" / "1"
+        folder.mkdir(parents=True)
+        (folder / "stderr.log").write_text(text)
+        (folder / "stdout.log").write_text("")
+        time.sleep(0.01)
+    lines = describe_failure(RankFailure(5, 1, 3, "node7"), tmp_path, 1)
+    assert (
+        lines[0]
+        == "x-launch: rank 5 (local rank 1 on node7) exited with code 3; the other ranks were stopped and the job exited 1"
+    )
+    assert lines[-1] == "  | line 29" and len(lines) == 2 + 15
