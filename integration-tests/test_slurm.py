@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -110,6 +111,17 @@ def test_the_runtime_picks_up_the_ranks_srun_gave(job) -> None:
     assert result.returncode == 0, log(result)
     assert_one_world(ranks, 2)
     assert [ranks[r]["local_rank"] for r in (0, 1)] == [0, 1]
+
+
+def test_the_runtime_under_plain_srun_python_forms_one_world_without_x_launch(job) -> None:
+    # No launcher: the Accelerator reads SLURM_PROCID, SLURM_NTASKS, SLURM_JOB_NODELIST itself.
+    pytest.importorskip("x_runtime")
+    result, ranks = job("srun", "--nodes=1", "--ntasks=2", sys.executable, str(WORKER), "OUT", "--accelerator")
+    assert result.returncode == 0, log(result)
+    assert sorted(ranks) == [0, 1]
+    for rank, record in ranks.items():
+        assert (record["world"], record["sum"], record["local_rank"]) == (2, 3.0, rank)
+        assert record["env"]["X_LAUNCHED"] is None and record["env"]["RANK"] is None
 
 
 def test_a_mismatch_inside_srun_is_one_error_line_per_task(job) -> None:

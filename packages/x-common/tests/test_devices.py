@@ -155,3 +155,22 @@ def test_nvml_finds_every_cuda_device_when_present() -> None:
         free, total = found[bus_id]
         assert total >= free > 0
         assert abs(total - prop.total_memory) <= 0.05 * prop.total_memory
+
+
+@pytest.mark.requires_cuda(1)
+def test_nvml_compute_capabilities_match_torchs() -> None:
+    import torch
+
+    from x_common._nvml import nvml_compute_capabilities
+
+    visible = sorted(torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))
+    found = nvml_compute_capabilities()
+    # NVML sees every GPU of the machine; the visible ones are among them.
+    assert all(found.count(cap) >= visible.count(cap) for cap in set(visible)), (found, visible)
+
+
+def test_nvml_compute_capabilities_is_empty_without_nvidia_gpus() -> None:
+    from x_common._nvml import nvml_compute_capabilities
+
+    if device_count("cuda") == 0:
+        assert nvml_compute_capabilities() == []

@@ -220,3 +220,24 @@ def test_two_launches_with_num_machines_2_form_one_world_over_loopback(console_s
     assert [m.returncode for m in machines] == [0, 0], results
     lines = sorted(p.read_text() for p in tmp_path.glob("rank*.txt"))
     assert [line.split(" mp=")[0] for line in lines] == [f"rank={r} world=4 local={r % 2} sum=10" for r in range(4)]
+
+
+@pytest.mark.parametrize(
+    ("capabilities", "refused"),
+    [([(7, 0), (7, 5)], True), ([(8, 0)], False), ([(7, 0), (9, 0)], False), ([], False)],
+)
+def test_bf16_is_refused_only_where_every_gpu_predates_it(capabilities, refused) -> None:
+    from x_launch.config_file import ConfigError
+    from x_launch.launch_plan import build_plan
+    from x_launch.resolve import resolve
+
+    settings = resolve(None, {"mixed_precision": "bf16"}, environ={})
+    if not refused:
+        assert build_plan(settings, ["t.py"], environ={}, gpu_capabilities=capabilities).engine == "python"
+        return
+    with pytest.raises(ConfigError) as caught:
+        build_plan(settings, ["t.py"], environ={}, gpu_capabilities=capabilities)
+    assert str(caught.value) == (
+        "mixed_precision bf16 needs GPUs of compute capability 8.0 or newer (Ampere+); these have 7.0, 7.5: "
+        "use fp16, or --cpu"
+    )

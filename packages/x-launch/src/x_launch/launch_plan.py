@@ -127,6 +127,7 @@ def build_plan(
     tee: bool = False,
     python: str = sys.executable,
     environ: Mapping[str, str] | None = None,
+    gpu_capabilities: list[tuple[int, int]] | None = None,
 ) -> LaunchPlan:
     """The command for ``target`` (script and its arguments, or module and its arguments).
 
@@ -152,6 +153,8 @@ def build_plan(
         raise ConfigError(f"machine_rank {rank} must be below num_machines {machines} (ranks start at 0)")
     if value["mixed_precision"] == "fp16" and value["use_cpu"]:
         raise ConfigError("mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
+    if value["mixed_precision"] == "bf16" and not value["use_cpu"] and not value["tpu"]:
+        _check_bf16(gpu_capabilities)
     if tee and not log_dir:
         raise ConfigError("--tee copies the per-rank log files to the terminal; give --log_dir too")
     env_vars = _contract_env(settings)
@@ -240,3 +243,20 @@ def _tpu_plan(
     if not env.PJRT_DEVICE.is_set():
         env_vars[env.PJRT_DEVICE.name] = "TPU"
     return LaunchPlan([*argv, *target], env_vars, "torch_xla", settings, notes)
+
+
+def _check_bf16(capabilities: list[tuple[int, int]] | None) -> None:
+    """Refuse bf16 when every GPU here predates it (compute capability below 8.0, e.g. V100, T4).
+
+    Read through NVML, without torch; a machine without NVIDIA GPUs trains bf16 on its CPU.
+    """
+    if capabilities is None:
+        from x_common._nvml import nvml_compute_capabilities
+
+        capabilities = nvml_compute_capabilities()
+    if capabilities and all(major < 8 for major, _ in capabilities):
+        found = ", ".join(sorted({f"{major}.{minor}" for major, minor in capabilities}))
+        raise ConfigError(
+            f"mixed_precision bf16 needs GPUs of compute capability 8.0 or newer (Ampere+); these have {found}: "
+            "use fp16, or --cpu"
+        )
