@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -113,7 +114,7 @@ def test_a_killed_rank_stops_the_job_and_is_named_with_its_log(start, tmp_path: 
     assert time.monotonic() - killed_at < 10, "the job did not stop within 10 s of the rank dying"
     assert proc.returncode != 0
     assert "x-launch: rank 1 (local rank 1 on" in stderr and "was killed by SIGKILL" in stderr
-    assert "x-launch: last lines of rank 1's output" in stderr and "  | rank 1 last words" in stderr
+    assert "x-launch: last lines of rank 1's stderr (" in stderr and "  | rank 1 last words" in stderr
     time.sleep(0.5)
     assert _alive(tree) == set(), "processes of the job outlived it"
 
@@ -123,7 +124,9 @@ def test_a_rank_exit_code_is_named(start, tmp_path: Path) -> None:
     _, stderr = proc.communicate(timeout=90)
     assert proc.returncode != 0
     assert "x-launch: rank 1 (local rank 1 on" in stderr and "exited with code 7" in stderr
-    assert "rerun with --log_dir DIR" in stderr
+    # Without --log_dir x-launch keeps each rank's stderr in a scratch folder, quotes it, removes it.
+    assert "x-launch: last lines of rank 1's stderr:\n  | rank 1 last words" in stderr
+    assert not list(Path(tempfile.gettempdir()).glob(f"x-launch-{proc.pid}-*"))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
@@ -166,6 +169,7 @@ def test_describe_failure_tails_the_newest_attempts_log(tmp_path: Path) -> None:
         (folder / "stdout.log").write_text("")
         time.sleep(0.01)
     lines = describe_failure(RankFailure(5, 1, 3, "node7"), tmp_path, 1)
+    assert lines[1] == f"x-launch: last lines of rank 5's stderr ({folder / 'stderr.log'}):"
     assert (
         lines[0]
         == "x-launch: rank 5 (local rank 1 on node7) exited with code 3; the other ranks were stopped and the job exited 1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -87,10 +88,13 @@ def test_dry_run_prints_sources_command_and_environment_and_starts_nothing(run, 
     assert "  mixed_precision: bf16  [--mixed_precision]" in text
     assert "  gradient_accumulation_steps: 4  [X_LAUNCH_GRADIENT_ACCUMULATION_STEPS]" in text
     assert "engine: torchrun" in text
-    assert (
-        f"-m torch.distributed.run --nnodes 1 --nproc-per-node 2 --node-rank 0 --master-addr 127.0.0.1 "
-        f"--master-port 29500 --max-restarts 0 {path} --epochs 3"
-    ) in text
+    command = re.search(r"^command: .*$", text, re.M).group(0)
+    assert re.fullmatch(
+        r"command: \S+ -m torch\.distributed\.run --nnodes 1 --nproc-per-node 2 --node-rank 0 --master-addr 127\.0\.0\.1 "
+        r"--master-port 29500 --max-restarts 0 --log-dir \S+/x-launch-\d+-[0-9a-f]{8} --tee 2 "
+        + re.escape(f"{path} --epochs 3"),
+        command,
+    ), command
     for line in (
         "X_LAUNCHED=1",
         "X_MIXED_PRECISION=bf16",
@@ -124,8 +128,9 @@ def test_config_file_and_multi_machine_plan(run, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert (
         "-m torch.distributed.run --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint 10.1.2.3:6000 "
-        "--rdzv-id x-6000 --max-restarts 0 -m mypkg.train"
+        "--rdzv-id x-6000 --max-restarts 0 --log-dir "
     ) in out.stdout
+    assert " --tee 2 -m mypkg.train" in out.stdout
     assert "  X_DISTRIBUTED_TYPE=MULTI_GPU" in out.stdout
     assert "  X_FSDP_TRANSFORMER_CLS_TO_WRAP=LlamaDecoderLayer" in out.stdout
 

@@ -14,6 +14,8 @@ import os
 import shlex
 import socket
 import sys
+import tempfile
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +67,7 @@ class LaunchPlan:
     engine: str  # "python", "torchrun" or "srun" (one x-launch per SLURM node)
     settings: dict[str, Setting] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # how the plan came about, e.g. the SLURM situation
+    scratch_logs: str | None = None  # per-rank stderr logs x-launch keeps for a failure report, then removes
 
     def describe(self) -> str:
         """What --dry-run prints: every value with its source, the command, the environment."""
@@ -202,12 +205,19 @@ def build_plan(
     else:
         argv += ["--node-rank", str(rank), "--master-addr", host, "--master-port", str(port)]
     argv += ["--max-restarts", str(value["max_restarts"])]
+    scratch = None
     if log_dir:
         # torchrun writes rank files only for the streams it redirects (3: stdout and stderr).
         argv += ["--log-dir", log_dir, "--tee" if tee else "--redirects", "3"]
+    else:
+        # Each rank's stderr also goes to a file (shown on the terminal as ever, with a [defaultN]:
+        # prefix naming the rank), so a failure report can quote the failing rank's last lines.
+        # stdout is left alone. torchrun creates the folder; x-launch removes it afterwards.
+        scratch = os.path.join(tempfile.gettempdir(), f"x-launch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        argv += ["--log-dir", scratch, "--tee", "2"]
 
     argv += [*(["-m"] if module else []), *target]
-    return LaunchPlan(argv, env_vars, "torchrun", settings, notes)
+    return LaunchPlan(argv, env_vars, "torchrun", settings, notes, scratch_logs=scratch)
 
 
 def _tpu_plan(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -79,8 +80,10 @@ def _tail(path: Path, lines: int) -> list[str]:
         return list(collections.deque(handle, maxlen=lines))
 
 
-def describe_failure(failure: RankFailure, log_dir: Path | None, agent_code: int) -> list[str]:
-    """The summary lines x-launch prints when a rank failed."""
+def describe_failure(
+    failure: RankFailure, log_dir: Path | None, agent_code: int, *, scratch: bool = False
+) -> list[str]:
+    """The summary lines x-launch prints when a rank failed (``scratch``: logs removed afterwards)."""
     where = f"local rank {failure.local_rank}" + (f" on {failure.host}" if failure.host else "")
     lines = [
         f"x-launch: rank {failure.rank} ({where}) {failure.cause()}; "
@@ -89,10 +92,9 @@ def describe_failure(failure: RankFailure, log_dir: Path | None, agent_code: int
     logs = _rank_logs(log_dir, failure.local_rank) if log_dir is not None else []
     shown = next((path for path in logs if path.stat().st_size > 0), None)
     if shown is not None:
-        lines.append(f"x-launch: last lines of rank {failure.rank}'s output ({shown}):")
+        where = "" if scratch else f" ({shown})"
+        lines.append(f"x-launch: last lines of rank {failure.rank}'s {shown.stem}{where}:")
         lines += [f"  | {line.rstrip()}" for line in _tail(shown, TAIL_LINES)]
-    elif log_dir is None:
-        lines.append("x-launch: rerun with --log_dir DIR to keep each rank's output in files")
     return lines
 
 
@@ -146,12 +148,15 @@ def run_plan(plan: LaunchPlan) -> int:
         code = child.wait()
         if pump is not None:
             pump.join(timeout=5)
+        if code != 0 and watch and not stopping.is_set():
+            failure = parse_root_cause("".join(kept))
+            if failure is not None:
+                scratch = plan.scratch_logs is not None
+                for line in describe_failure(failure, _log_dir(plan.argv), code, scratch=scratch):
+                    print(line, file=sys.stderr, flush=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if code != 0 and watch and not stopping.is_set():
-        failure = parse_root_cause("".join(kept))
-        if failure is not None:
-            for line in describe_failure(failure, _log_dir(plan.argv), code):
-                print(line, file=sys.stderr, flush=True)
+        if plan.scratch_logs is not None:
+            shutil.rmtree(plan.scratch_logs, ignore_errors=True)
     return 128 - code if code < 0 else code
