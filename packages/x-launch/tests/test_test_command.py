@@ -40,8 +40,9 @@ def test_two_processes_from_a_config_path_with_spaces_pass_every_check(x_launch,
     folder = tmp_path / "my configs"
     folder.mkdir()
     config = folder / "launch file.yaml"
-    config.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nuse_cpu: true\n")
-    result = x_launch("--config_file", str(config))
+    config.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\n")
+    # --cpu must not make the config file be skipped (accelerate test --cpu does): 2 processes.
+    result = x_launch("--config_file", str(config), "--cpu")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = _check_lines(result.stdout)
     assert [line[5:].split(":")[0] for line in lines] == CHECKS

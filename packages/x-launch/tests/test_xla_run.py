@@ -128,3 +128,28 @@ def test_tpu_conflicts_are_one_line_and_exit_2(dry_run, flags, message) -> None:
     code, out, err = run(*flags)
     assert code == 2 and out == ""
     assert err.startswith(message) and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.requires_tpu
+def test_x_launch_tpu_runs_main_on_every_device(console_script, tmp_path: Path) -> None:
+    import json
+    import subprocess
+
+    script = tmp_path / "tpu_main.py"
+    script.write_text(
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "def main():\n"
+        "    import torch_xla.runtime as xr\n"
+        "    Path(sys.argv[1], f'rank{xr.global_ordinal()}.json').write_text(json.dumps(\n"
+        "        {'world': xr.world_size(), 'argv': sys.argv[2:]}))\n"
+    )
+    result = subprocess.run(
+        [console_script("x-launch"), "--tpu", str(script), str(tmp_path), "--flag"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
+    assert reports and all(r == {"world": len(reports), "argv": ["--flag"]} for r in reports)

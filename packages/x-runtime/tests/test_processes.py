@@ -19,6 +19,12 @@ def test_plain_torchrun_without_launcher_forms_one_world(three) -> None:
     assert [r["rank"] for r in three] == [0, 1, 2]
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the CPU-only default")
+def test_accelerator_without_cpu_flag_joins_the_world_on_a_cpu_only_machine(three) -> None:
+    # Accelerate 1.15 trains each rank alone here unless told cpu=True.
+    assert [(r["plain_world"], r["plain_type"]) for r in three] == [(3, "MULTI_CPU")] * 3
+
+
 def test_two_accelerators_keep_their_own_settings(three) -> None:
     assert all(r["first_steps"] == 1 and r["second_steps"] == 3 for r in three)
 

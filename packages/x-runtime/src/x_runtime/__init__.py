@@ -28,7 +28,7 @@ from x_runtime.configs import (
 )
 from x_runtime.data_loader import skip_first_batches
 from x_runtime.logging import get_logger
-from x_runtime.memory import find_executable_batch_size, release_memory
+from x_runtime.memory import find_executable_batch_size, free_memory, release_memory
 from x_runtime.nested import send_to_device
 from x_runtime.random_state import set_seed
 from x_runtime.state import DistributedType
@@ -47,6 +47,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "find_executable_batch_size",
+    "free_memory",
     "gather",
     "gather_object",
     "get_logger",

@@ -14,6 +14,10 @@ def main() -> None:
     rank, world = first.process_index, first.num_processes
     found: dict = {"rank": rank, "world": world, "second_steps": second.gradient_accumulation_steps}
     found["first_steps"] = first.gradient_accumulation_steps
+    if not torch.cuda.is_available():
+        # No cpu=True: on a machine without GPUs plain torchrun still means one multi-process job.
+        plain = Accelerator()
+        found["plain_world"], found["plain_type"] = plain.num_processes, plain.distributed_type
 
     with first.split_between_processes(list(range(7))) as share:
         found["share"] = share
