@@ -22,13 +22,19 @@ from torch.nn.parallel import DistributedDataParallel
 
 from x_common import env
 from x_runtime import collectives, nested
-from x_runtime.checkpointing import (
-    CheckpointParts,
-    latest_checkpoint,
-    load_checkpoint,
-    prune_checkpoints,
-    save_checkpoint,
+from x_runtime._forward import Forward
+from x_runtime._prepared import (
+    _as_list,
+    _is_scheduler,
+    _kind_order,
+    _leaves,
+    _Prepared,
+    _release_at_exit,
+    _unwrap,
+    wrap_model,
 )
+from x_runtime.checkpoint_naming import load_source, note_loaded, note_saved, save_target
+from x_runtime.checkpointing import CheckpointParts, load_checkpoint, save_checkpoint
 from x_runtime.configs import (
     DataLoaderConfiguration,
     GradientAccumulationPlugin,
@@ -51,31 +57,6 @@ __all__ = ["Accelerator"]
 
 _UNSET: Any = object()
 _RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "generator")
-
-
-class _Prepared:
-    """What an accelerator has prepared; also what its exit hook releases."""
-
-    def __init__(self) -> None:
-        self.models: list[torch.nn.Module] = []
-        self.optimizers: list[AcceleratedOptimizer] = []
-        self.schedulers: list[AcceleratedScheduler] = []
-        self.dataloaders: list[Any] = []
-        self.custom: list[Any] = []
-
-    def clear(self) -> None:
-        for items in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.custom):
-            items.clear()
-
-
-def _release_at_exit(prepared: weakref.ref[_Prepared], state: ProcessState) -> None:
-    # gloo aborts some runs when a DDP reducer outlives the process group at interpreter exit:
-    # drop our references and collect before leaving the group.
-    held = prepared()
-    if held is not None:
-        held.clear()
-    gc.collect()
-    state.destroy()
 
 
 class Accelerator:
@@ -185,82 +166,26 @@ class Accelerator:
 
         return __version__
 
-    # --- where this process is -----------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.state.device
-
-    @property
-    def distributed_type(self) -> str:
-        return self.state.distributed_type
-
-    @property
-    def num_processes(self) -> int:
-        return self.state.world_size
-
-    @property
-    def process_index(self) -> int:
-        return self.state.rank
-
-    @property
-    def local_process_index(self) -> int:
-        return self.state.local_rank
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.state.is_main_process
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.state.is_local_main_process
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.state.is_last_process
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.state.use_distributed
-
-    @property
-    def mixed_precision(self) -> str:
-        return self.precision.mode
-
-    @property
-    def scaler(self) -> torch.amp.GradScaler | None:
-        return self.precision.scaler
-
-    @property
-    def split_batches(self) -> bool:
-        return self.dataloader_config.split_batches
-
-    @property
-    def even_batches(self) -> bool:
-        return self.dataloader_config.even_batches
-
-    @even_batches.setter
-    def even_batches(self, value: bool) -> None:
-        self.dataloader_config.even_batches = value
-
-    @property
-    def dispatch_batches(self) -> bool | None:
-        return self.dataloader_config.dispatch_batches
-
-    @property
-    def non_blocking(self) -> bool:
-        return self.dataloader_config.non_blocking
-
-    @property
-    def project_dir(self) -> str | None:
-        return self.project_configuration.project_dir
-
-    @property
-    def logging_dir(self) -> str | None:
-        return self.project_configuration.logging_dir
-
-    @property
-    def save_iteration(self) -> int:
-        return self.project_configuration.iteration
+    # --- where this process is (Accelerate's names over state and configs) --------------------
+    device = Forward("state", "device")
+    distributed_type = Forward("state", "distributed_type")
+    num_processes = Forward("state", "world_size")
+    process_index = Forward("state", "rank")
+    local_process_index = Forward("state", "local_rank")
+    is_main_process = Forward("state", "is_main_process")
+    is_local_main_process = Forward("state", "is_local_main_process")
+    is_last_process = Forward("state", "is_last_process")
+    use_distributed = Forward("state", "use_distributed")
+    mixed_precision = Forward("precision", "mode")
+    scaler = Forward("precision", "scaler")
+    split_batches = Forward("dataloader_config", "split_batches")
+    even_batches = Forward("dataloader_config", "even_batches", writable=True)
+    dispatch_batches = Forward("dataloader_config", "dispatch_batches")
+    non_blocking = Forward("dataloader_config", "non_blocking")
+    project_dir = Forward("project_configuration", "project_dir")
+    logging_dir = Forward("project_configuration", "logging_dir")
+    save_iteration = Forward("project_configuration", "iteration")
+    sync_gradients = Forward("gradient_state", "sync_gradients", writable=True)
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -271,14 +196,6 @@ class Accelerator:
         if steps < 1:
             raise ValueError(f"gradient_accumulation_steps must be >= 1, got {steps}")
         self.gradient_state.num_steps = steps
-
-    @property
-    def sync_gradients(self) -> bool:
-        return self.gradient_state.sync_gradients
-
-    @sync_gradients.setter
-    def sync_gradients(self, value: bool) -> None:
-        self.gradient_state.sync_gradients = value
 
     @property
     def optimizer_step_was_skipped(self) -> bool:
@@ -322,18 +239,14 @@ class Accelerator:
         if self.device_placement if device_placement is None else device_placement:
             model = model.to(self.device)
         self.precision.wrap_forward(model)
-        wrapped = model
-        if self.use_distributed and not evaluation_mode and any(p.requires_grad for p in model.parameters()):
-            device_ids = [self.device.index] if self.device.type in ("cuda", "xpu") else None
-            wrapped = DistributedDataParallel(model, device_ids=device_ids, **self.handlers.ddp.to_kwargs())
-        if self.dynamo_backend != "no":
-            wrapped = torch.compile(
-                wrapped,
-                backend=self.dynamo_backend,
-                mode=env.DYNAMO_MODE.read(),
-                fullgraph=env.DYNAMO_FULLGRAPH.read(),
-                dynamic=env.DYNAMO_DYNAMIC.read(),
-            )
+        train_distributed = self.use_distributed and not evaluation_mode
+        wrapped = wrap_model(
+            model,
+            self.device,
+            ddp=train_distributed,
+            ddp_kwargs=self.handlers.ddp.to_kwargs(),
+            dynamo_backend=self.dynamo_backend,
+        )
         self._prepared.models.append(wrapped)
         return wrapped
 
@@ -565,11 +478,6 @@ class Accelerator:
             scaler=self.precision.scaler,
         )
 
-    def _checkpoints_root(self) -> Path:
-        if self.project_dir is None:
-            raise ValueError("automatic_checkpoint_naming needs a project_dir (Accelerator(project_dir=...))")
-        return Path(self.project_dir) / "checkpoints"
-
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states, loader positions, registered objects.
 
@@ -577,39 +485,17 @@ class Accelerator:
         """
         if not safe_serialization:
             raise ValueError("safe_serialization=False: x_runtime writes weights as safetensors only")
-        config = self.project_configuration
-        if config.automatic_checkpoint_naming:
-            root = self._checkpoints_root()
-            target = root / f"checkpoint_{config.iteration}"
-            if target.exists():
-                raise FileExistsError(f"{target} exists; set ProjectConfiguration(iteration=...) past it")
-        elif output_dir is None:
-            raise ValueError("save_state needs output_dir (or ProjectConfiguration(automatic_checkpoint_naming=True))")
-        else:
-            target = Path(output_dir)
+        target = save_target(self.project_configuration, output_dir)
         save_checkpoint(target, self._parts(), self.state)
-        if config.automatic_checkpoint_naming:
-            if config.total_limit is not None and self.is_main_process:
-                prune_checkpoints(self._checkpoints_root(), config.total_limit)
-            self.wait_for_everyone()
-        config.iteration += 1
+        note_saved(self.project_configuration, is_main_process=self.is_main_process)
+        self.wait_for_everyone()
         return str(target)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True) -> str:
         """Restore what ``save_state`` saved (the latest automatic checkpoint when no folder given)."""
-        config = self.project_configuration
-        if input_dir is None:
-            if not config.automatic_checkpoint_naming:
-                raise ValueError(
-                    "load_state needs input_dir (or ProjectConfiguration(automatic_checkpoint_naming=True))"
-                )
-            source = latest_checkpoint(self._checkpoints_root())
-        else:
-            source = Path(input_dir)
+        source = load_source(self.project_configuration, input_dir)
         folder = load_checkpoint(source, self._parts(), self.state, strict=strict)
-        name = folder.name
-        if config.automatic_checkpoint_naming and name.startswith("checkpoint_") and name[11:].isdigit():
-            config.iteration = int(name[11:]) + 1
+        note_loaded(self.project_configuration, folder)
         return str(folder)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
@@ -703,43 +589,3 @@ class Accelerator:
             f"{self.num_processes}, device={self.device}, mixed_precision={self.mixed_precision}, "
             f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
-
-
-def _kind_order(obj: Any) -> int:
-    if isinstance(obj, torch.nn.Module):
-        return 0
-    if isinstance(obj, torch.optim.Optimizer):
-        return 1
-    if isinstance(obj, torch.utils.data.DataLoader):
-        return 2
-    return 3
-
-
-def _is_scheduler(obj: Any) -> bool:
-    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "state_dict")
-    )
-
-
-def _unwrap(model: Any, *, keep_torch_compile: bool = False, through_ddp: bool = True) -> Any:
-    compiled = model if hasattr(model, "_orig_mod") else None
-    if compiled is not None:
-        model = compiled._orig_mod
-    if isinstance(model, DistributedDataParallel):
-        if not through_ddp:
-            return model
-        # A compiled DDP wrapper cannot be kept without the DDP inside it: return the model.
-        return _unwrap(model.module, keep_torch_compile=keep_torch_compile)
-    return compiled if keep_torch_compile and compiled is not None else model
-
-
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
-def _leaves(data: Any) -> list[Any]:
-    if isinstance(data, (list, tuple)):
-        return [leaf for item in data for leaf in _leaves(item)]
-    if isinstance(data, dict):
-        return [leaf for item in data.values() for leaf in _leaves(item)]
-    return [data]

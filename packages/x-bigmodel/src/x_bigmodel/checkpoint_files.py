@@ -1,0 +1,190 @@
+"""Which files a checkpoint is, and reading their tensors one at a time.
+
+A checkpoint is one safetensors file, a sharded ``*.index.json``, or a folder holding either; torch
+``.bin`` files are read only with ``weights_only=True`` and a memory map. Corrupt or truncated
+files and missing shards are reported by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_SAFETENSORS_SUFFIX = ".safetensors"
+
+
+_TORCH_SUFFIXES = (".bin", ".pt", ".pth")
+
+
+def resolve_checkpoint_files(checkpoint: str | os.PathLike[str]) -> dict[Path, list[str] | None]:
+    """The files of a checkpoint, each with the keys to read from it (``None``: all of its keys).
+
+    ``checkpoint`` may be a ``.safetensors`` file, a ``.bin``/``.pt`` file, a sharded checkpoint's
+    ``*.index.json`` (Hugging Face layout: ``{"weight_map": {name: shard_file}}``), or a folder
+    holding one of these. In a folder an index wins over a single file, and a safetensors index
+    over a torch one.
+
+    Raises:
+        ValueError: nothing loadable is found, the choice is ambiguous, the index is malformed,
+            or the index names a shard that does not exist.
+
+    Examples:
+        >>> import tempfile
+        >>> from safetensors.torch import save_file
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+        >>> [(p.name, keys) for p, keys in resolve_checkpoint_files(folder).items()]
+        [('model.safetensors', None)]
+    """
+    path = Path(checkpoint)
+    if path.is_dir():
+        path = _pick_in_folder(path)
+    elif not path.is_file():
+        raise ValueError(f"checkpoint {str(path)!r} does not exist")
+    if path.name.endswith(".json"):
+        return _read_index(path)
+    if not path.name.endswith((_SAFETENSORS_SUFFIX, *_TORCH_SUFFIXES)):
+        raise ValueError(f"checkpoint {str(path)!r} is not a .safetensors, .bin, .pt or .index.json file")
+    return {path: None}
+
+
+def _pick_in_folder(folder: Path) -> Path:
+    indexes = sorted(folder.glob("*.index.json"))
+    safe_indexes = [p for p in indexes if p.name.endswith(".safetensors.index.json")]
+    candidates = safe_indexes or indexes
+    if len(candidates) > 1:
+        names = ", ".join(p.name for p in candidates)
+        raise ValueError(f"checkpoint folder {str(folder)!r} holds several index files ({names}); pass one of them")
+    if candidates:
+        return candidates[0]
+    for pattern in ("*.safetensors", *(f"*{s}" for s in _TORCH_SUFFIXES)):
+        found = sorted(folder.glob(pattern))
+        if len(found) == 1:
+            return found[0]
+        if len(found) > 1:
+            names = ", ".join(p.name for p in found)
+            raise ValueError(
+                f"checkpoint folder {str(folder)!r} holds several {pattern} files ({names}) but no "
+                "*.index.json saying which tensor is where; pass the file or add an index"
+            )
+    raise ValueError(
+        f"checkpoint folder {str(folder)!r} holds no *.index.json, *.safetensors, *.bin or *.pt file to load"
+    )
+
+
+def _read_index(index_path: Path) -> dict[Path, list[str] | None]:
+    try:
+        index = json.loads(index_path.read_text())
+        weight_map = index.get("weight_map", index) if isinstance(index, dict) else index
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise TypeError("weight_map must map tensor names to shard file names")
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(
+            f"cannot read sharded checkpoint index {str(index_path)!r}: {exc}; expected "
+            '{"metadata": {...}, "weight_map": {tensor_name: shard_file}}'
+        ) from exc
+    files: dict[Path, list[str] | None] = {}
+    for name, shard in weight_map.items():
+        shard_path = index_path.parent / shard
+        if shard_path not in files:
+            if not shard_path.is_file():
+                raise ValueError(
+                    f"sharded checkpoint index {str(index_path)!r} names shard {shard!r}, "
+                    f"which does not exist at {str(shard_path)!r} (incomplete download?)"
+                )
+            files[shard_path] = []
+        files[shard_path].append(name)  # type: ignore[union-attr]
+    return files
+
+
+class _Reader:
+    """One open checkpoint file; ``get`` returns one tensor, by memory map."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.mmapped = path.name.endswith(_SAFETENSORS_SUFFIX)
+        self._handle: Any = None
+        self._state: dict[str, Any] | None = None
+
+    def __enter__(self) -> _Reader:
+        if self.mmapped:
+            from safetensors import safe_open
+
+            try:
+                self._handle = safe_open(str(self.path), framework="pt", device="cpu")
+                self._handle.__enter__()
+            except Exception as exc:
+                raise _unreadable(self.path, exc) from exc
+        else:
+            try:
+                state = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as exc:
+                raise _unreadable(self.path, exc) from exc
+            if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+                raise ValueError(f"{str(self.path)!r} does not hold a state dict (a dict of tensors)")
+            self._state = state
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._handle is not None:
+            self._handle.__exit__(*exc_info)
+        self._handle = self._state = None
+
+    def keys(self) -> list[str]:
+        return list(self._handle.keys()) if self._handle is not None else list(self._state or {})
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        if self._handle is not None:
+            return tuple(self._handle.get_slice(key).get_shape())
+        return tuple(self._state[key].shape)  # type: ignore[index]
+
+    def dtype(self, key: str) -> str:
+        if self._handle is not None:
+            return _SAFETENSORS_DTYPES.get(self._handle.get_slice(key).get_dtype(), "unknown")
+        return str(self._state[key].dtype).removeprefix("torch.")  # type: ignore[index]
+
+    def get(self, key: str) -> torch.Tensor:
+        if self._handle is None:
+            return self._state[key]  # type: ignore[index]
+        try:
+            return self._handle.get_tensor(key)
+        except Exception as exc:
+            raise _unreadable(self.path, exc) from exc
+
+
+_SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U64": "uint64",
+    "U32": "uint32",
+    "U16": "uint16",
+    "U8": "uint8",
+    "BOOL": "bool",
+}
+
+
+def _open(path: Path) -> _Reader:
+    return _Reader(path)
+
+
+def _unreadable(path: Path, exc: BaseException) -> ValueError:
+    if path.name.endswith(_SAFETENSORS_SUFFIX):
+        hint = "the file is corrupt or truncated (an interrupted download or save?); download or save it again"
+    else:
+        hint = (
+            "it is corrupt, truncated, or holds more than tensors (torch.load with weights_only=True "
+            "refuses arbitrary pickled objects); convert it to safetensors"
+        )
+    return ValueError(f"cannot read checkpoint file {str(path)!r}: {exc}; {hint}")

@@ -1,0 +1,101 @@
+"""What one accelerator has prepared, how each object is recognised and unwrapped, and the exit hook
+that releases the prepared wrappers before the process group is left.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from x_common import env
+from x_runtime.optimizer import AcceleratedOptimizer
+from x_runtime.scheduler import AcceleratedScheduler
+from x_runtime.state import ProcessState
+
+
+class _Prepared:
+    """What an accelerator has prepared; also what its exit hook releases."""
+
+    def __init__(self) -> None:
+        self.models: list[torch.nn.Module] = []
+        self.optimizers: list[AcceleratedOptimizer] = []
+        self.schedulers: list[AcceleratedScheduler] = []
+        self.dataloaders: list[Any] = []
+        self.custom: list[Any] = []
+
+    def clear(self) -> None:
+        for items in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.custom):
+            items.clear()
+
+
+def _release_at_exit(prepared: weakref.ref[_Prepared], state: ProcessState) -> None:
+    # gloo aborts some runs when a DDP reducer outlives the process group at interpreter exit:
+    # drop our references and collect before leaving the group.
+    held = prepared()
+    if held is not None:
+        held.clear()
+    gc.collect()
+    state.destroy()
+
+
+def _kind_order(obj: Any) -> int:
+    if isinstance(obj, torch.nn.Module):
+        return 0
+    if isinstance(obj, torch.optim.Optimizer):
+        return 1
+    if isinstance(obj, torch.utils.data.DataLoader):
+        return 2
+    return 3
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "state_dict")
+    )
+
+
+def _unwrap(model: Any, *, keep_torch_compile: bool = False, through_ddp: bool = True) -> Any:
+    compiled = model if hasattr(model, "_orig_mod") else None
+    if compiled is not None:
+        model = compiled._orig_mod
+    if isinstance(model, DistributedDataParallel):
+        if not through_ddp:
+            return model
+        # A compiled DDP wrapper cannot be kept without the DDP inside it: return the model.
+        return _unwrap(model.module, keep_torch_compile=keep_torch_compile)
+    return compiled if keep_torch_compile and compiled is not None else model
+
+
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _leaves(data: Any) -> list[Any]:
+    if isinstance(data, (list, tuple)):
+        return [leaf for item in data for leaf in _leaves(item)]
+    if isinstance(data, dict):
+        return [leaf for item in data.values() for leaf in _leaves(item)]
+    return [data]
+
+
+def wrap_model(
+    model: torch.nn.Module, device: torch.device, *, ddp: bool, ddp_kwargs: dict[str, Any], dynamo_backend: str
+) -> torch.nn.Module:
+    """DDP around a model with trainable parameters when ``ddp``; then torch.compile unless "no"."""
+    wrapped = model
+    if ddp and any(p.requires_grad for p in model.parameters()):
+        device_ids = [device.index] if device.type in ("cuda", "xpu") else None
+        wrapped = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs)
+    if dynamo_backend != "no":
+        wrapped = torch.compile(
+            wrapped,
+            backend=dynamo_backend,
+            mode=env.DYNAMO_MODE.read(),
+            fullgraph=env.DYNAMO_FULLGRAPH.read(),
+            dynamic=env.DYNAMO_DYNAMIC.read(),
+        )
+    return wrapped
