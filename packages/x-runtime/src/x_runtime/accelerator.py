@@ -330,7 +330,6 @@ class Accelerator:
         else:
             self.step += 1
             state.sync_gradients = self.step % state.num_steps == 0
-        state.step = self.step % state.num_steps
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:

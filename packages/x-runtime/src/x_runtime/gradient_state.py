@@ -8,7 +8,7 @@ global batch are real rather than padding (``gather_for_metrics`` drops the padd
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
 __all__ = ["GradientState", "TrackedLoader"]
 
@@ -28,11 +28,10 @@ class GradientState:
         self.sync_with_dataloader = sync_with_dataloader
         self.adjust_scheduler = adjust_scheduler
         self.sync_gradients = True
-        self.step = 0  # micro-batches seen since the last boundary (0 right after one)
-        self._loaders: list[Any] = []
+        self._loaders: list[TrackedLoader] = []
 
     @property
-    def active_dataloader(self) -> Any | None:
+    def active_dataloader(self) -> TrackedLoader | None:
         return self._loaders[-1] if self._loaders else None
 
     @property
@@ -50,10 +49,10 @@ class GradientState:
         loader = self.active_dataloader
         return -1 if loader is None else int(loader.remainder)
 
-    def _add_dataloader(self, loader: Any) -> None:
+    def _add_dataloader(self, loader: TrackedLoader) -> None:
         self._loaders.append(loader)
 
-    def _remove_dataloader(self, loader: Any) -> None:
+    def _remove_dataloader(self, loader: TrackedLoader) -> None:
         for index in range(len(self._loaders) - 1, -1, -1):
             if self._loaders[index] is loader:
                 del self._loaders[index]
@@ -62,5 +61,5 @@ class GradientState:
     def __repr__(self) -> str:
         return (
             f"GradientState(num_steps={self.num_steps}, sync_gradients={self.sync_gradients}, "
-            f"step={self.step}, end_of_dataloader={self.end_of_dataloader}, remainder={self.remainder})"
+            f"end_of_dataloader={self.end_of_dataloader}, remainder={self.remainder})"
         )
