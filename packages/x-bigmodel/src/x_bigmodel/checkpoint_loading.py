@@ -17,7 +17,6 @@ Where we differ from Accelerate's ``load_checkpoint_in_model``:
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Iterable, Mapping
@@ -32,11 +31,10 @@ from x_bigmodel.checkpoint_files import (
     _open,
     resolve_checkpoint_files,
 )
+from x_bigmodel.offload_weights import write_offload_index
 from x_bigmodel.tensor_placement import (
     _as_device,
     _assign_all,
-    _convert,
-    _release_pages,
     _target_dtype,
     _wrap_like,
     set_module_tensor_to_device,
@@ -166,18 +164,17 @@ def load_checkpoint_in_model(
                 continue
             to_load.append((name, torch.device("cpu") if device == "disk" else device))
         with _open(path) as reader:
-            for name, device in to_load:
-                value = reader.get(plan[name][1])
-                new = _convert(value, device, _target_dtype(value, expected[name], target_dtype, name, fp32_modules))
-                if reader.mmapped:
-                    _release_pages(value, new)
-                del value
+            # In file order: the reads then go through the file front to back.
+            for name, device in sorted(to_load, key=lambda item: reader.offset(plan[item[0]][1])):
+                key = plan[name][1]
+                dtype = _planned_dtype(name, expected[name], plan[name], target_dtype, fp32_modules)
+                new = reader.load(key, device, dtype)
                 _assign_all(model, aliases[name], _wrap_like(expected[name], new))
             for name in names:
                 if name in offload_index and "safetensors_file" not in offload_index[name]:
                     offload_index[name].update(_save_offloaded(reader.get(plan[name][1]), name, offload_folder))
     if offload_folder is not None and offload_index:
-        _write_offload_index(Path(offload_folder), offload_index)
+        write_offload_index(Path(offload_folder), offload_index)
     return offload_index
 
 
@@ -318,16 +315,6 @@ def _save_offloaded(
     path = folder / f"{name}.safetensors"
     save_file({name: value.contiguous()}, str(path))
     return {"safetensors_file": str(path.resolve()), "key": name}
-
-
-def _write_offload_index(folder: Path, offload_index: OffloadIndex) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "index.json"
-    merged = json.loads(path.read_text()) if path.is_file() else {}
-    merged.update(offload_index)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(merged, indent=2, sort_keys=True))
-    os.replace(tmp, path)
 
 
 def _progress(files: list[Path], show_progress: bool) -> Iterable[Path]:

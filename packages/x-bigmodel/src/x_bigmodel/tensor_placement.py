@@ -4,13 +4,13 @@ and ``requires_grad``; and giving a copied tensor's file pages back to the kerne
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import sys
-from typing import Any
 
 import torch
 from torch import nn
+
+from x_bigmodel._pages import advise
 
 
 def set_module_tensor_to_device(
@@ -81,12 +81,7 @@ def _as_device(device: int | str | torch.device) -> torch.device:
     return torch.device(device)
 
 
-def _convert(value: torch.Tensor, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
-    # copy=True: the model must own its memory, not keep the file's mapped pages (see _release_pages).
-    return value.to(device=device, dtype=dtype, copy=True)
-
-
-def _release_pages(source: torch.Tensor, copy: torch.Tensor) -> None:
+def release_pages(source: torch.Tensor, copy: torch.Tensor) -> None:
     """Drop the file pages behind ``source`` from this process once they are copied.
 
     While a safetensors file is open, every page read stays mapped (and counted in RSS), so
@@ -98,23 +93,7 @@ def _release_pages(source: torch.Tensor, copy: torch.Tensor) -> None:
         return
     if copy.device.type == "cpu" and copy.untyped_storage().data_ptr() == source.untyped_storage().data_ptr():
         return  # never advise away memory the model now uses
-    libc = _libc()
-    if libc is None:
-        return
-    start = source.data_ptr()
-    aligned = start - start % mmap.PAGESIZE
-    libc.madvise(ctypes.c_void_p(aligned), ctypes.c_size_t(start + source.nbytes - aligned), mmap.MADV_DONTNEED)
-
-
-def _libc() -> Any:
-    if not _LIBC:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            _LIBC.append(libc)
-        except (OSError, AttributeError):
-            _LIBC.append(None)
-    return _LIBC[0]
+    advise(source.data_ptr(), source.nbytes, mmap.MADV_DONTNEED)
 
 
 def _owner(module: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
@@ -177,6 +156,3 @@ def _target_dtype(
     if dtype is not None:
         return dtype
     return current.dtype if current.is_floating_point() else value.dtype
-
-
-_LIBC: list[Any] = []
