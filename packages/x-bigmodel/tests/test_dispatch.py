@@ -116,6 +116,16 @@ def test_outputs_equal_the_model_in_memory(tmp_path, reference, checkpoint, devi
     assert model.hf_device_map == device_map
 
 
+def test_dtype_applies_to_disk_weights_read_and_converted_per_forward(checkpoint, reference) -> None:
+    model = load_checkpoint_and_dispatch(
+        empty_net(), checkpoint, device_map=MIXED, dtype=torch.bfloat16, show_progress=False
+    )
+    want = _copy(reference).to(torch.bfloat16)(IDS)
+    got = model(IDS)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert model.blocks[0].up.weight.dtype == torch.bfloat16 and model.blocks[0].up.weight.device.type == "meta"
+
+
 def test_auto_map_with_a_cpu_budget_puts_blocks_on_disk(checkpoint, reference) -> None:
     model = load_checkpoint_and_dispatch(
         empty_net(),

@@ -1,9 +1,10 @@
 """Stream a checkpoint into a (possibly meta-device) model, one tensor at a time.
 
-The loader never builds the checkpoint's state dict: each safetensors file is opened by memory
-map, each tensor is read, converted and copied straight to the device the ``device_map`` names,
-and the mapped pages are handed back to the kernel before the next tensor is read. Peak memory is
-therefore the model plus one tensor, not the model plus a shard (or the whole state dict).
+The loader never builds the checkpoint's state dict. Each safetensors tensor is read with
+``preadv`` straight into the tensor that will hold it (the same single copy from the page cache
+that reading the file costs, and no mapped file pages left in RSS), then converted or moved to
+the device the ``device_map`` names when it must be. Tensors are read in file order. Peak memory
+is therefore the model plus at most one tensor, not the model plus a shard (or the state dict).
 
 Where we differ from Accelerate's ``load_checkpoint_in_model``:
 

@@ -154,7 +154,8 @@ def dispatch_model(
     for unit, unit_groups in blocks_by_module.items():
         for group in unit_groups:
             group.source = _source_for(group, file_sources, state_dict)
-            group.template = _meta_like(group.template)
+            dtype = group.source.dtype if isinstance(group.source, FileWeight) else group.source.tensor.dtype
+            group.template = _meta_like(group.template, dtype)
             for owner, leaf in group.slots:
                 _assign(owner, leaf, group.template)
         blocks.append(
@@ -195,6 +196,7 @@ def load_checkpoint_and_dispatch(
     show_progress: bool = True,
     prefetch: bool = True,
     output_device: int | str | torch.device | None = None,
+    allow_missing_keys: bool = False,
 ) -> nn.Module:
     """Load ``checkpoint`` into ``model`` (usually built under ``init_empty_weights``) and dispatch it.
 
@@ -239,6 +241,7 @@ def load_checkpoint_and_dispatch(
         dtype=dtype,
         offload_buffers=offload_buffers,
         strict=strict,
+        allow_missing_keys=allow_missing_keys,
         show_progress=show_progress,
     )
     if device_map is None:
@@ -418,10 +421,11 @@ class _UnitFinder:
         return self._whole[entry]
 
 
-def _meta_like(tensor: torch.Tensor) -> torch.Tensor:
-    if tensor.device.type == "meta":
+def _meta_like(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Between forwards the slot shows the shape and dtype the forward will see, on meta.
+    if tensor.device.type == "meta" and tensor.dtype == dtype:
         return tensor
-    return _wrap_like(tensor, torch.empty_like(tensor, device="meta"))
+    return _wrap_like(tensor, torch.empty(tensor.shape, dtype=dtype, device="meta"))
 
 
 def _source_for(

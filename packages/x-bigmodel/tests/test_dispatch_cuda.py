@@ -1,0 +1,84 @@
+"""Dispatch with a GPU as the execution device: weights from RAM or disk copied in per forward
+(on a side stream when prefetched), outputs on the GPU, equal to the model held on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from x_bigmodel import (
+    cpu_offload,
+    dispatch_model,
+    init_empty_weights,
+    load_checkpoint_and_dispatch,
+    remove_hook_from_module,
+)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = nn.Linear(64, 128)
+        self.down = nn.Linear(128, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.relu(self.up(x)))
+
+
+def make() -> nn.Sequential:
+    return nn.Sequential(*[Block() for _ in range(6)])
+
+
+@pytest.fixture
+def reference() -> nn.Sequential:
+    torch.manual_seed(0)
+    return make().eval()
+
+
+X = torch.linspace(-1, 1, 3 * 64).reshape(3, 64)
+
+
+@pytest.mark.requires_cuda(1)
+def test_cpu_offload_to_gpu_equals_the_model_on_gpu(reference) -> None:
+    want = make().eval()
+    want.load_state_dict(reference.state_dict())
+    want = want.cuda()(X.cuda())
+    model = cpu_offload(reference, execution_device=0)
+    for _ in range(3):
+        got = model(X)  # CPU input: moved to the GPU by the hooks
+        assert got.device == torch.device("cuda", 0)
+        assert torch.equal(got, want)
+    assert all(p.device.type == "meta" for p in model.parameters())
+    remove_hook_from_module(model, recurse=True)
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+@pytest.mark.requires_cuda(1)
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_gpu_cpu_disk_map_equals_the_model_on_gpu(tmp_path, reference, prefetch) -> None:
+    save_file(reference.state_dict(), str(tmp_path / "model.safetensors"))
+    want = make().eval()
+    want.load_state_dict(reference.state_dict())
+    want = want.cuda()(X.cuda())
+    with init_empty_weights():
+        model = make().eval()
+    device_map = {"0": 0, "1": 0, "2": "cpu", "3": "disk", "4": "cpu", "5": "disk"}
+    model = load_checkpoint_and_dispatch(model, tmp_path, device_map=device_map, show_progress=False, prefetch=prefetch)
+    assert model[0].up.weight.device == torch.device("cuda", 0)
+    assert model[2].up.weight.device.type == "meta" and model[3].up.weight.device.type == "meta"
+    for _ in range(3):
+        assert torch.equal(model(X.cuda()), want)
+
+
+@pytest.mark.requires_cuda(2)
+def test_two_gpu_split_returns_outputs_on_the_first(reference) -> None:
+    want = make().eval()
+    want.load_state_dict(reference.state_dict())
+    want = want.cuda()(X.cuda())
+    model = dispatch_model(reference, {"0": 0, "1": 0, "2": 0, "3": 1, "4": 1, "5": 1})
+    assert model[4].up.weight.device == torch.device("cuda", 1)
+    got = model(X.cuda(0))
+    assert got.device == torch.device("cuda", 0)
+    torch.testing.assert_close(got, want)
