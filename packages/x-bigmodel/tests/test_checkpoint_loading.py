@@ -6,10 +6,11 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from x_bigmodel.checkpoint_loading import (
@@ -69,17 +70,23 @@ def write_sharded(folder, state, shards=3) -> None:
 # --- formats ----------------------------------------------------------------------------------
 
 
-def test_single_safetensors_file(tmp_path) -> None:
+@pytest.mark.parametrize("mmap", [True, False], ids=["mapped", "copied"])
+def test_single_safetensors_file(tmp_path, mmap) -> None:
     state = reference_state()
-    save_file(state, str(tmp_path / "model.safetensors"))
+    path = tmp_path / "model.safetensors"
+    save_file(state, str(path))
     net = meta_net()
-    assert load_checkpoint_in_model(net, tmp_path / "model.safetensors", show_progress=False) == {}
+    assert load_checkpoint_in_model(net, path, show_progress=False, mmap=mmap) == {}
     assert_loaded(net, state)
     assert isinstance(net.block[0].weight, nn.Parameter) and net.block[0].weight.requires_grad
     assert net.positions.dtype == torch.int64
-    # The model owns its memory: writing to it must not reach the file's mapping.
+    if sys.platform.startswith("linux"):
+        # Mapped: the weights are the file's pages; copied: the file is not kept open at all.
+        assert (str(path) in Path("/proc/self/maps").read_text()) == mmap
+    # Writes to the weights stay in this process (a private mapping), never reach the file.
     net.block[0].weight.data.zero_()
     assert not torch.equal(net.block[0].weight, state["block.0.weight"])
+    assert torch.equal(load_file(str(path))["block.0.weight"], state["block.0.weight"])
 
 
 def test_sharded_index_and_folder_prefer_index(tmp_path) -> None:

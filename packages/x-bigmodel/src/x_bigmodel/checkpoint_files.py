@@ -156,9 +156,30 @@ class _Reader:
             return self._file.read(key)
         return self._state[key]  # type: ignore[index]
 
-    def load(self, key: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """``key`` on ``device`` in ``dtype``, owning its memory, with at most one copy beyond the read."""
+    def can_map(self, key: str, device: torch.device | str, dtype: torch.dtype) -> bool:
+        """Whether ``key`` can be used in place, as the file's mapped pages."""
+        return self._file is not None and torch.device(device).type == "cpu" and self.torch_dtype(key) == dtype
+
+    def map_in(self, keys: list[str]) -> None:
+        """Fault the pages of ``keys`` in, adjacent tensors in one call."""
+        if self._file is None or not keys:
+            return
+        ranges: list[tuple[int, int]] = []
+        for key in sorted(keys, key=self.offset):
+            entry = self._file.entries[key]
+            if ranges and ranges[-1][0] + ranges[-1][1] >= entry.offset - 64:
+                start = ranges[-1][0]
+                ranges[-1] = (start, entry.offset + entry.nbytes - start)
+            else:
+                ranges.append((entry.offset, entry.nbytes))
+        self._file.populate(ranges)
+
+    def load(self, key: str, device: torch.device, dtype: torch.dtype, mapped: bool = False) -> torch.Tensor:
+        """``key`` on ``device`` in ``dtype``: the file's pages when ``mapped`` and it can be used
+        in place, else memory of its own, with at most one copy beyond the read."""
         if self._file is not None:
+            if mapped and self.can_map(key, device, dtype):
+                return self._file.view(key)
             return self._file.read(key).to(device=device, dtype=dtype)
         value = self._state[key]  # type: ignore[index]
         # copy=True: the model must own its memory, not keep the file's mapped pages.

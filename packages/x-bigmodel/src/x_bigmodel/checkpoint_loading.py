@@ -69,6 +69,7 @@ def load_checkpoint_in_model(
     strict: bool = False,
     allow_missing_keys: bool = False,
     show_progress: bool = True,
+    mmap: bool = True,
 ) -> OffloadIndex:
     """Load ``checkpoint`` into ``model``, streaming each tensor straight to its device.
 
@@ -103,6 +104,12 @@ def load_checkpoint_in_model(
             (they keep their current value, or stay on meta).
         show_progress: a tqdm bar over the checkpoint files on stderr, when tqdm is installed and
             this is the main process (rank 0).
+        mmap: CPU tensors kept in the checkpoint's dtype are the safetensors file's own pages,
+            mapped privately and faulted in during the call (no copy: processes loading the same
+            file share its page cache, and the first forward pays nothing). The mapping is
+            private, so writes to the weights never reach the file, but a file truncated or
+            rewritten in place while the model lives makes reading the weights fail (SIGBUS):
+            pass ``mmap=False`` to copy every tensor into memory the model owns instead.
 
     Returns:
         The offload index of the tensors mapped to ``"disk"`` and not loaded (those stay as they
@@ -166,10 +173,14 @@ def load_checkpoint_in_model(
             to_load.append((name, torch.device("cpu") if device == "disk" else device))
         with _open(path) as reader:
             # In file order: the reads then go through the file front to back.
-            for name, device in sorted(to_load, key=lambda item: reader.offset(plan[item[0]][1])):
-                key = plan[name][1]
-                dtype = _planned_dtype(name, expected[name], plan[name], target_dtype, fp32_modules)
-                new = reader.load(key, device, dtype)
+            ordered = sorted(to_load, key=lambda item: reader.offset(plan[item[0]][1]))
+            dtypes = [_planned_dtype(n, expected[n], plan[n], target_dtype, fp32_modules) for n, _ in ordered]
+            if mmap:
+                reader.map_in(
+                    [plan[n][1] for (n, d), t in zip(ordered, dtypes, strict=True) if reader.can_map(plan[n][1], d, t)]
+                )
+            for (name, device), dtype in zip(ordered, dtypes, strict=True):
+                new = reader.load(plan[name][1], device, dtype, mapped=mmap)
                 _assign_all(model, aliases[name], _wrap_like(expected[name], new))
             for name in names:
                 if name in offload_index and "safetensors_file" not in offload_index[name]:

@@ -197,6 +197,7 @@ def load_checkpoint_and_dispatch(
     prefetch: bool = True,
     output_device: int | str | torch.device | None = None,
     allow_missing_keys: bool = False,
+    mmap: bool = True,
 ) -> nn.Module:
     """Load ``checkpoint`` into ``model`` (usually built under ``init_empty_weights``) and dispatch it.
 
@@ -243,6 +244,7 @@ def load_checkpoint_and_dispatch(
         strict=strict,
         allow_missing_keys=allow_missing_keys,
         show_progress=show_progress,
+        mmap=mmap,
     )
     if device_map is None:
         return model

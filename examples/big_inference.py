@@ -1,11 +1,11 @@
-"""Generate text with a model that does not fit in its RAM budget: part in RAM, the rest read from disk.
+"""Generate text with a model larger than the memory budget it is given: the rest is read from disk.
 
-    python examples/offload_generate.py [--layers 8] [--cpu-budget 64MiB] [--folder runs/offload-example]
+    python examples/big_inference.py [--layers 8] [--budget 64MiB] [--folder runs/big-inference]
 
 Builds a small Llama-style model from a config (random weights: nothing is downloaded), saves it
 as a sharded safetensors checkpoint, then loads it the big-model way: the skeleton on the meta
-device, a device map planned within the CPU budget (the rest goes to "disk"), and the checkpoint
-streamed in. Disk-mapped layers are read in place from the checkpoint during each forward, the
+device, a device map planned within the budget (on a machine with a GPU, half of it on GPU 0 and
+half in RAM; otherwise all in RAM; the rest goes to "disk"), and the checkpoint streamed in. Disk-mapped layers are read in place from the checkpoint during each forward, the
 next layer's pages fetched by a background thread meanwhile. Greedy generation must give the same
 tokens as the same model held fully in memory; the script checks it and prints both timings.
 """
@@ -26,8 +26,8 @@ from x_common import format_size, parse_size
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--cpu-budget", default="64MiB", help="RAM the weights may use (default: %(default)s)")
-    parser.add_argument("--folder", type=Path, default=Path("runs/offload-example"))
+    parser.add_argument("--budget", default="64MiB", help="memory the weights may use (default: %(default)s)")
+    parser.add_argument("--folder", type=Path, default=Path("runs/big-inference"))
     args = parser.parse_args()
 
     config = LlamaConfig(
@@ -44,7 +44,11 @@ def main() -> None:
     reference = LlamaForCausalLM(config).eval()
     reference.save_pretrained(checkpoint, max_shard_size="20MB")
     size = sum(p.numel() * p.element_size() for p in reference.parameters())
-    print(f"model: {args.layers} layers, {format_size(size)} of weights; RAM budget {args.cpu_budget}")
+    budget = parse_size(args.budget)
+    max_memory = {0: budget // 2, "cpu": budget // 2} if torch.cuda.is_available() else {"cpu": budget}
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    reference.to(device)
+    print(f"model: {args.layers} layers, {format_size(size)} of weights; budget {args.budget}, running on {device}")
 
     with init_empty_weights():
         model = LlamaForCausalLM(config).eval()
@@ -52,20 +56,20 @@ def main() -> None:
         model,
         checkpoint,
         device_map="auto",
-        max_memory={"cpu": parse_size(args.cpu_budget), "disk": "10GiB"},
+        max_memory={**max_memory, "disk": "10GiB"},
         no_split_module_classes=model._no_split_modules,
         offload_folder=args.folder / "offload",
         show_progress=False,
     )
     where = {}
-    for name, device in model.hf_device_map.items():
-        where.setdefault(str(device), []).append(name)
-    for device, names in where.items():
-        print(f"  {device:5} {len(names):3} entries: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}")
+    for name, placed in model.hf_device_map.items():
+        where.setdefault(str(placed), []).append(name)
+    for placed, names in where.items():
+        print(f"  {placed:5} {len(names):3} entries: {', '.join(names[:4])}{', ...' if len(names) > 4 else ''}")
     offloaded = list((args.folder / "offload").glob("*.safetensors"))
     print(f"weight files written to the offload folder: {len(offloaded)} (disk layers are read from the checkpoint)")
 
-    prompt = torch.tensor([[1, 306, 4658, 278, 6593, 310]])
+    prompt = torch.tensor([[1, 306, 4658, 278, 6593, 310]], device=device)
     with torch.no_grad():
         for warm_up in (reference, model):  # one-time costs (thread pools, allocator) out of the timings
             warm_up.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)
