@@ -3,7 +3,10 @@ nothing copied for safetensors checkpoints, the offload folder formats, and clea
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -180,7 +183,8 @@ def test_weights_are_released_when_the_forward_raises(checkpoint) -> None:
     with pytest.raises(RuntimeError):
         model.blocks[2](torch.ones(3, 5))  # wrong width: the block raises after its weights came in
     assert all(p.device.type == "meta" for p in model.blocks[2].parameters())
-    assert model.blocks[2]._hf_hook.block.depth == 0
+    # No no-split classes were given: each leaf of the block is a unit with its own hook.
+    assert model.blocks[2].up._hf_hook.block.depth == 0 and not hasattr(model.blocks[2], "_hf_hook")
 
 
 def test_torch_checkpoint_needs_an_offload_folder_for_disk_weights(tmp_path, reference) -> None:
@@ -248,7 +252,8 @@ def test_offloaded_tensor_without_a_value_is_named(checkpoint) -> None:
 
 def test_cpu_offload_on_cpu_and_hook_removal(reference) -> None:
     model = cpu_offload(_copy(reference), execution_device="cpu")
-    assert hasattr(model.blocks[0].up, "_hf_hook")  # no no-split classes: the units are the leaves
+    # The CPU runs everything: nothing is offloaded, so only the root is hooked (inputs to the CPU).
+    assert [n for n, m in model.named_modules() if hasattr(m, "_hf_hook")] == [""]
     assert torch.equal(model(IDS), reference(IDS))
     remove_hook_from_module(model, recurse=True)
     assert not any(hasattr(m, "_hf_hook") for m in model.modules())
@@ -313,3 +318,89 @@ def _copy(net: Net) -> Net:
     with torch.no_grad():
         fresh.offset.copy_(net.offset)
     return fresh
+
+
+# --- regressions found in review ------------------------------------------------------------
+
+
+def test_a_module_list_entry_on_disk_runs(checkpoint, reference) -> None:
+    # "blocks" is a ModuleList: never called itself, so its units must carry the hooks.
+    device_map = {"embed": "cpu", "scale": "cpu", "blocks": "disk", "head": "cpu", "offset": "cpu"}
+    model = load_checkpoint_and_dispatch(empty_net(), checkpoint, device_map=device_map, show_progress=False)
+    assert torch.equal(model(IDS), reference(IDS))
+    assert all(p.device.type == "meta" for p in model.blocks.parameters())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_process_forked_after_a_forward_runs_its_own_prefetch(checkpoint, reference) -> None:
+    model = load_checkpoint_and_dispatch(empty_net(), checkpoint, device_map={"": "disk"}, show_progress=False)
+    want = reference(IDS)
+    model(IDS)  # starts the parent's prefetch thread, which the child will not have
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit code
+        signal.alarm(30)
+        os._exit(0 if torch.equal(model(IDS), want) else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_keyboard_interrupt_leaves_nothing_in_after_the_next_forward(checkpoint, reference) -> None:
+    model = load_checkpoint_and_dispatch(empty_net(), checkpoint, device_map={"": "disk"}, show_progress=False)
+
+    def interrupt(module, args):
+        raise KeyboardInterrupt  # skips PyTorch's always_call hooks: post-forward never runs
+
+    handle = model.blocks[1].up.register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        model(IDS)
+    handle.remove()
+    assert torch.equal(model(IDS), reference(IDS))
+    assert model.blocks[1].up._hf_hook.block.depth == 0
+    assert all(p.device.type == "meta" for p in model.parameters())
+
+
+class UsesChild(nn.Module):
+    """Uses its child's weight without calling the child: must be brought in whole."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(nn.functional.linear(x, self.inner.weight, self.inner.bias))
+
+
+@pytest.mark.parametrize("root", [True, False], ids=["root", "inside"])
+def test_preload_module_classes_bring_their_subtree_in_whole(tmp_path, root) -> None:
+    torch.manual_seed(0)
+    reference = UsesChild() if root else nn.Sequential(UsesChild(), nn.Linear(8, 8))
+    model = copy.deepcopy(reference)
+    x = torch.ones(2, 8)
+    model = disk_offload(model, tmp_path / "off", execution_device="cpu", preload_module_classes=["UsesChild"])
+    assert torch.equal(model(x), reference(x))
+
+
+def test_a_module_registered_under_two_names_is_offloaded(tmp_path) -> None:
+    class Shared(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = self.a
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(x))
+
+    torch.manual_seed(0)
+    reference = Shared()
+    x = torch.ones(1, 4)
+    assert torch.equal(
+        disk_offload(copy.deepcopy(reference), tmp_path / "off", execution_device="cpu")(x), reference(x)
+    )
+
+
+def test_removing_disk_offload_hooks_reads_the_weights_back(tmp_path, reference) -> None:
+    model = disk_offload(_copy(reference), tmp_path / "off", execution_device="cpu")
+    remove_hook_from_module(model, recurse=True)
+    assert all(p.device.type == "cpu" for p in model.parameters())
+    assert torch.equal(model(IDS), reference(IDS))

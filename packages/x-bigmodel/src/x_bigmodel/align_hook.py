@@ -3,7 +3,7 @@ in for the forward and out after, outputs to where the caller wants them."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -11,7 +11,8 @@ from torch import nn
 
 from x_bigmodel.device_moves import find_device, send_to_device
 from x_bigmodel.hooks import ModelHook
-from x_bigmodel.offloaded_block import OffloadedBlock
+from x_bigmodel.offload_weights import MemoryWeight
+from x_bigmodel.offloaded_block import OffloadedBlock, Source
 from x_bigmodel.prefetch import Prefetcher
 
 __all__ = ["AlignDevicesHook"]
@@ -50,12 +51,23 @@ class AlignDevicesHook(ModelHook):
         self.owns_prefetcher = owns_prefetcher
         self._input_devices: list[torch.device | None] = []
         self._loaded: list[bool] = []
+        # On the root hook: every hook of the dispatch, reset at the start of each forward, so that
+        # a forward interrupted by KeyboardInterrupt (which skips post-forward) leaves nothing in.
+        self.tracked: list[AlignDevicesHook] = []
 
     @property
     def offload(self) -> bool:
         return self.block is not None
 
+    @property
+    def weights_map(self) -> Mapping[str, torch.Tensor]:
+        """The offloaded weights of this hook's block by name relative to its module, read on access
+        (transformers' ``save_pretrained`` reads offloaded weights through it)."""
+        return _WeightsMap(self.block.weights(self.block.name) if self.block is not None else {})
+
     def pre_forward(self, module: nn.Module, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        for hook in self.tracked:
+            hook.reset()
         if self.io_same_device:
             self._input_devices.append(find_device((args, kwargs)))
         self._loaded.append(False)
@@ -85,9 +97,32 @@ class AlignDevicesHook(ModelHook):
             output = send_to_device(output, target, self.skip_keys)
         return output
 
+    def reset(self) -> None:
+        self._input_devices.clear()
+        self._loaded.clear()
+        if self.block is not None:
+            self.block.reset()
+
     def detach_hook(self, module: nn.Module) -> nn.Module:
         if self.block is not None:
             self.block.restore()
         if self.owns_prefetcher and self.prefetcher is not None:
             self.prefetcher.close()
         return module
+
+
+class _WeightsMap(Mapping[str, torch.Tensor]):
+    def __init__(self, sources: dict[str, Source]) -> None:
+        self._sources = sources
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        source = self._sources[name]
+        if isinstance(source, MemoryWeight):
+            return source.tensor
+        return source.file.read(source.key).to(source.dtype)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sources)
+
+    def __len__(self) -> int:
+        return len(self._sources)

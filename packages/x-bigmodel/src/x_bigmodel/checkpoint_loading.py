@@ -32,7 +32,7 @@ from x_bigmodel.checkpoint_files import (
     _open,
     resolve_checkpoint_files,
 )
-from x_bigmodel.offload_weights import write_offload_index
+from x_bigmodel.offload_weights import write_offload_files, write_offload_index
 from x_bigmodel.tensor_placement import (
     _as_device,
     _assign_all,
@@ -107,9 +107,12 @@ def load_checkpoint_in_model(
         mmap: CPU tensors kept in the checkpoint's dtype are the safetensors file's own pages,
             mapped privately and faulted in during the call (no copy: processes loading the same
             file share its page cache, and the first forward pays nothing). The mapping is
-            private, so writes to the weights never reach the file, but a file truncated or
-            rewritten in place while the model lives makes reading the weights fail (SIGBUS):
-            pass ``mmap=False`` to copy every tensor into memory the model owns instead.
+            private, so writes to the weights never reach the file; but a file rewritten in place
+            (same inode, e.g. ``cp other.safetensors model.safetensors``) while the model lives
+            changes its weights, or makes reading them fail (SIGBUS) if it got shorter. Writing a
+            new file and renaming it over the old one (what ``safetensors.save_file`` and
+            ``save_pretrained`` do) is safe. Pass ``mmap=False`` to copy every tensor into memory
+            the model owns instead.
 
     Returns:
         The offload index of the tensors mapped to ``"disk"`` and not loaded (those stay as they
@@ -153,7 +156,10 @@ def load_checkpoint_in_model(
                 and not entry[0].name.endswith(_SAFETENSORS_SUFFIX)
                 and (offload_buffers or name not in buffer_names)
             ):
-                _save_offloaded(None, name, None)  # raises: a torch file cannot be read in place
+                raise ValueError(
+                    f"{name} is mapped to 'disk' but comes from a torch file, which cannot be read in place: "
+                    "pass offload_folder= to save it there as safetensors"
+                )
 
     offload_index: OffloadIndex = {}
     by_file: dict[Path, list[str]] = {}
@@ -182,9 +188,13 @@ def load_checkpoint_in_model(
             for (name, device), dtype in zip(ordered, dtypes, strict=True):
                 new = reader.load(plan[name][1], device, dtype, mapped=mmap)
                 _assign_all(model, aliases[name], _wrap_like(expected[name], new))
-            for name in names:
-                if name in offload_index and "safetensors_file" not in offload_index[name]:
-                    offload_index[name].update(_save_offloaded(reader.get(plan[name][1]), name, offload_folder))
+            unsaved = [n for n in names if n in offload_index and "safetensors_file" not in offload_index[n]]
+            if unsaved:
+                # A torch file cannot be read in place: its disk tensors go to one safetensors file.
+                assert offload_folder is not None  # checked before loading
+                saved = write_offload_files({n: reader.get(plan[n][1]) for n in unsaved}, offload_folder, path.stem)
+                for name in unsaved:
+                    offload_index[name].update(safetensors_file=saved[name]["safetensors_file"], key=saved[name]["key"])
     if offload_folder is not None and offload_index:
         write_offload_index(Path(offload_folder), offload_index)
     return offload_index
@@ -308,25 +318,6 @@ def _planned_dtype(
 
 
 # --- disk offload and progress ----------------------------------------------------------------
-
-
-def _save_offloaded(
-    value: torch.Tensor | None, name: str, offload_folder: str | os.PathLike[str] | None
-) -> dict[str, str]:
-    # Only tensors from torch files get here: safetensors ones are read in place.
-    if offload_folder is None:
-        raise ValueError(
-            f"{name} is mapped to 'disk' but comes from a torch file, which cannot be read in place: "
-            "pass offload_folder= to save it there as safetensors"
-        )
-    from safetensors.torch import save_file
-
-    assert value is not None
-    folder = Path(offload_folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.safetensors"
-    save_file({name: value.contiguous()}, str(path))
-    return {"safetensors_file": str(path.resolve()), "key": name}
 
 
 def _progress(files: list[Path], show_progress: bool) -> Iterable[Path]:

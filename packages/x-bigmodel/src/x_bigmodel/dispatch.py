@@ -99,9 +99,7 @@ def dispatch_model(
     if skip_keys is None:
         skip_keys = getattr(model, "_skip_keys_device_placement", None) or ()
     skip = (skip_keys,) if isinstance(skip_keys, str) else tuple(skip_keys)
-    index = dict(offload_index) if offload_index is not None else {}
-    if offload_dir is not None and offload_index is None:
-        index = read_offload_index(offload_dir)
+    index = {**(read_offload_index(offload_dir) if offload_dir is not None else {}), **(offload_index or {})}
     unit_classes = set(getattr(model, "_no_split_modules", None) or ()) | set(preload_module_classes or ())
 
     entries = _assign_entries(model, device_map)
@@ -117,7 +115,9 @@ def dispatch_model(
         run = _run_device(device, main)
         offloaded = device == "disk" or (device == "cpu" and run.type != "cpu")
         unsaved = tensor.device.type != "meta" and device == "disk" and not any(n in index for n in names)
-        if not offloaded or (is_buffer and not offload_buffers):
+        # Buffers stay on the execution device unless asked; non-persistent ones always (they are
+        # in no checkpoint, so there is nothing to read them back from).
+        if not offloaded or (is_buffer and (not offload_buffers or names[0] not in persistent)):
             if unsaved and names[0] in persistent:
                 kept_buffers.setdefault(entry or "model", {}).update(dict.fromkeys(names, tensor))
             resident.append((names, run if device in _OFFLOAD_TARGETS else _place(device)))
@@ -130,7 +130,9 @@ def dispatch_model(
             by_unit.setdefault(units.unit_for(entries[name], name), []).append(name)
         for unit, unit_names in by_unit.items():
             slots = [_owner(model, n) for n in unit_names]
-            blocks_by_module.setdefault(unit, []).append(WeightGroup(names, slots, tensor, None))  # type: ignore[arg-type]
+            group = WeightGroup(names, slots, tensor, None)  # type: ignore[arg-type]
+            group.original_device = None if tensor.device.type == "meta" else tensor.device
+            blocks_by_module.setdefault(unit, []).append(group)
 
     if to_save:
         # Weights are being saved: save the buffers kept in memory too, so the folder holds the model.
@@ -162,21 +164,51 @@ def dispatch_model(
             OffloadedBlock(unit, unit_groups, _run_device(device_map[entries[unit_groups[0].names[0]]], main))
         )
 
+    _attach_hooks(model, device_map, main, output, blocks, skip, prefetch)
+    return model
+
+
+def _attach_hooks(
+    model: nn.Module,
+    device_map: Mapping[str, Any],
+    main: torch.device,
+    output: torch.device,
+    blocks: list[OffloadedBlock],
+    skip: tuple[str, ...],
+    prefetch: bool,
+) -> None:
     prefetcher = Prefetcher(blocks, enabled=prefetch) if blocks else None
+    run_devices = {_run_device(device, main) for device in device_map.values()}
     hooks: dict[str, AlignDevicesHook] = {}
-    for entry, device in device_map.items():
-        module_name = entry if _is_module(model, entry) else entry.rpartition(".")[0]
-        hooks[module_name] = AlignDevicesHook(_run_device(device, main), skip_keys=skip)
+    if len(run_devices) > 1:
+        # Inputs cross devices between entries: each entry moves its inputs to where it runs.
+        for entry, device in device_map.items():
+            for name in _called_modules(model, entry):
+                hooks[name] = AlignDevicesHook(_run_device(device, main), skip_keys=skip)
     for block in blocks:
         hook = hooks.setdefault(block.name, AlignDevicesHook(block.device, skip_keys=skip))
         hook.execution_device = block.device
         hook.block, hook.prefetcher = block, prefetcher
     root = hooks.setdefault("", AlignDevicesHook(None, skip_keys=skip))
+    if len(run_devices) == 1:
+        root.execution_device = next(iter(run_devices))
     root.output_device = output
     root.prefetcher, root.owns_prefetcher = root.prefetcher or prefetcher, True
+    root.tracked = list(hooks.values())
     for name, hook in hooks.items():
         add_hook_to_module(model.get_submodule(name), hook)
-    return model
+
+
+def _called_modules(model: nn.Module, entry: str) -> list[str]:
+    """The modules whose calls run entry ``entry``: the entry itself, but a ``ModuleList`` or
+    ``ModuleDict`` is never called, so its children stand in for it; a tensor entry, its module."""
+    if not _is_module(model, entry):
+        return [entry.rpartition(".")[0]]
+    module = model.get_submodule(entry)
+    if not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+        return [entry]
+    prefix = f"{entry}." if entry else ""
+    return [n for child, _ in module.named_children() for n in _called_modules(model, prefix + child)]
 
 
 def load_checkpoint_and_dispatch(
@@ -324,9 +356,13 @@ def _offload_whole(
     # entry, so a forward holds one unit's weights at a time.
     classes = set(getattr(model, "_no_split_modules", None) or ()) | set(preload_module_classes or ())
     device = _as_device(execution_device) if execution_device is not None else _default_accelerator()
+    device_map = {unit.name: where for unit in _units(model, classes)}
+    for name, _ in _named_tensors(model):  # a module registered under a second name (self.b = self.a)
+        if not any(name == k or name.startswith(f"{k}.") or k == "" for k in device_map):
+            device_map[name.rpartition(".")[0]] = where
     return dispatch_model(
         model,
-        {unit.name: where for unit in _units(model, classes)},
+        device_map,
         main_device=device,
         preload_module_classes=preload_module_classes,
         force_hooks=True,
@@ -394,33 +430,31 @@ def _alias_groups(model: nn.Module) -> list[tuple[list[str], torch.Tensor, bool]
 
 
 class _UnitFinder:
-    """Which module's hook brings in an offloaded tensor: its device-map entry, kept whole, unless
-    the entry is the whole model or holds modules of the unit classes; then the first module on the
-    way down to the tensor that is of a unit class or a leaf (or the tensor's own module)."""
+    """Which module's hook brings in an offloaded tensor: going down from its device-map entry to
+    the tensor's own module, the first module that is of a unit class (no-split or preload) or a
+    leaf; else the tensor's own module (a tensor held directly by a split module).
+
+    Containers are never units (a ``ModuleList`` is never called, so a hook on it would never run),
+    and neither is a module of no unit class with children: its forward calls them, and each child
+    brings in its own weights, one at a time.
+    """
 
     def __init__(self, model: nn.Module, unit_classes: set[str]) -> None:
         self.model, self.unit_classes = model, unit_classes
-        self._whole: dict[str, bool] = {}
 
     def unit_for(self, entry: str, name: str) -> str:
         owner = name.rpartition(".")[0]
         if not _is_module(self.model, entry):
             return owner  # the entry is a tensor: its module's hook brings it in
-        if self._is_whole(entry):
-            return entry
         prefix = entry
-        for part in owner[len(entry) :].lstrip(".").split(".") if owner != entry else ():
-            prefix = f"{prefix}.{part}" if prefix else part
+        path = owner[len(entry) :].lstrip(".").split(".") if owner != entry else []
+        for part in [None, *path]:
+            if part is not None:
+                prefix = f"{prefix}.{part}" if prefix else part
             module = self.model.get_submodule(prefix)
             if type(module).__name__ in self.unit_classes or next(module.children(), None) is None:
                 return prefix
-        return prefix
-
-    def _is_whole(self, entry: str) -> bool:
-        if entry not in self._whole:
-            inner = (m for n, m in self.model.get_submodule(entry).named_modules() if n)
-            self._whole[entry] = entry != "" and not any(type(m).__name__ in self.unit_classes for m in inner)
-        return self._whole[entry]
+        return owner
 
 
 def _meta_like(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

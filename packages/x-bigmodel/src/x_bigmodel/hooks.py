@@ -4,8 +4,10 @@ looks for it.
 
 Hooks are installed with PyTorch's own forward hooks rather than by replacing ``module.forward``:
 the post-forward half is registered with ``always_call=True``, so it runs even when the forward
-raises, and weights brought in for an offloaded block are always released (Accelerate's
-replaced forward skips its post-forward on an exception, leaving them in memory).
+raises an exception, and weights brought in for an offloaded block are released (Accelerate's
+replaced forward skips its post-forward on an exception, leaving them in memory). A
+``KeyboardInterrupt`` skips PyTorch's hooks too; ``dispatch_model``'s root hook then releases what
+was left in at the start of the next forward.
 """
 
 from __future__ import annotations
@@ -115,6 +117,10 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
         for attribute in ("_hf_hook", _HANDLES):
             if attribute in module.__dict__:
                 delattr(module, attribute)
+    if "_old_forward" in module.__dict__:
+        # A hook Accelerate's add_hook_to_module installed (transformers does during generate): it
+        # replaced forward and kept the original.
+        module.forward = module.__dict__.pop("_old_forward")
     if recurse:
         for child in module.children():
             remove_hook_from_module(child, recurse=True)

@@ -116,6 +116,8 @@ def sources_from_index(
             files[(path, key)] = SafetensorsFile.raw(path, key, dtype, tuple(int(d) for d in entry["shape"]))
             file = files[(path, key)]
         sources[name] = FileWeight(file, key, dtype)
+    for file in files.values():
+        file.map_only()
     return sources
 
 
@@ -132,8 +134,13 @@ def write_offload_files(
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{stem}.safetensors"
-    if path.exists():
-        raise ValueError(f"{str(path)!r} already exists: offload into an empty folder, or delete it first")
+    ours = {str(entry.get("safetensors_file")) for entry in read_offload_index(folder).values()}
+    if path.exists() and str(path.resolve()) not in ours:
+        # Replace only what an earlier offload into this folder wrote, never a file of the user's.
+        raise ValueError(
+            f"{str(path)!r} already exists and is not listed in the folder's index.json: offload into an "
+            "empty folder, or delete it first"
+        )
     keys: dict[int, str] = {}
     unique: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():

@@ -30,6 +30,7 @@ class WeightGroup:
     slots: list[tuple[nn.Module, str]]
     template: torch.Tensor  # what the slots hold between forwards: a meta tensor of the right class
     source: Source
+    original_device: torch.device | None = None  # where it was before dispatch (None: on meta)
 
 
 @dataclass
@@ -93,9 +94,26 @@ class OffloadedBlock:
             group.source.release(self.device)
 
     def restore(self) -> None:
-        """Put weights held in memory back in their slots, for good (when the hook is removed)."""
+        """Put the weights back in their slots for good, where they were before dispatch (when the
+        hook is removed); weights that were on meta then stay on meta."""
         for group in self.groups:
             if isinstance(group.source, MemoryWeight):
-                live = _wrap_like(group.template, group.source.tensor)
-                for owner, leaf in group.slots:
-                    _assign(owner, leaf, live)
+                value = group.source.tensor
+            elif group.original_device is not None:
+                value = group.source.file.read(group.source.key).to(group.original_device, group.source.dtype)
+            else:
+                continue
+            live = _wrap_like(group.template, value)
+            for owner, leaf in group.slots:
+                _assign(owner, leaf, live)
+
+    def reset(self) -> None:
+        """Forget a forward that never finished (interrupted by ``KeyboardInterrupt``)."""
+        if self.depth:
+            self.depth = 0
+            self.release()
+
+    def weights(self, prefix: str) -> dict[str, Source]:
+        """The block's sources by name relative to module ``prefix`` (Accelerate's ``weights_map``)."""
+        start = f"{prefix}." if prefix else ""
+        return {n[len(start) :]: g.source for g in self.groups for n in g.names if n.startswith(start)}

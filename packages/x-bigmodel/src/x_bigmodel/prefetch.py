@@ -10,6 +10,7 @@ is fetched ahead, so memory holds at most the running block plus the next one.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -30,10 +31,15 @@ class Prefetcher:
         self._enabled = enabled and len(blocks) > 1
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._closed = False
+        self._pid = os.getpid()
 
     def acquire(self, block: OffloadedBlock) -> Fetched:
         """``block``'s weights, from the prefetch when it was predicted, else fetched now."""
         with self._lock:
+            if self._pid != os.getpid():
+                # A forked child: the parent's worker thread does not exist here; start afresh.
+                self._pid, self._executor, self._pending = os.getpid(), None, None
             if self._previous is not None and self._previous is not block:
                 self._next[id(self._previous)] = block
             self._previous = block
@@ -46,14 +52,16 @@ class Prefetcher:
                 _drop(pending[1])
         if fetched is None:
             fetched = block.fetch()
-        if self._enabled:
+        if self._enabled and not self._closed:
             following = self._predict(block)
             if following is not block:
                 self._schedule(following)
         return fetched
 
     def close(self) -> None:
+        """Stop prefetching for good (hooks still running fetch their weights inline)."""
         with self._lock:
+            self._closed = True
             pending, self._pending = self._pending, None
             executor, self._executor = self._executor, None
         if pending is not None:

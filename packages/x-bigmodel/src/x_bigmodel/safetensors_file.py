@@ -127,12 +127,27 @@ class SafetensorsFile:
         self.read_into(key, out)
         return out
 
+    def map_only(self) -> SafetensorsFile:
+        """Map the file and close its descriptor: reads then copy from the map. A model offloaded
+        to thousands of files (one per tensor, as Accelerate lays them out) then holds one
+        descriptor per file (the map's own) instead of two."""
+        if self._fd >= 0 and os.fstat(self._fd).st_size > 0:  # an empty file cannot be mapped (or read)
+            self._mapping()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        return self
+
     def read_into(self, key: str, out: torch.Tensor) -> None:
         """Fill the contiguous CPU tensor ``out`` (``key``'s shape and dtype) from the file."""
         entry = self.entries[key]
         if out.device.type != "cpu" or not out.is_contiguous() or out.dtype != entry.dtype:
             raise ValueError(f"read_into needs a contiguous CPU {entry.dtype} tensor, got {out.dtype} on {out.device}")
         if entry.nbytes == 0:
+            return
+        if self._fd < 0:
+            out.copy_(self.view(key))
+            self.release([(entry.offset, entry.nbytes)])
             return
         buffer = memoryview(out.view(-1).view(torch.uint8).numpy()).cast("B")
         done = 0
