@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -198,9 +200,19 @@ def _open(path: Path) -> _Reader:
 def _unreadable(path: Path, exc: BaseException) -> ValueError:
     if path.name.endswith(_SAFETENSORS_SUFFIX):
         hint = "the file is corrupt or truncated (an interrupted download or save?); download or save it again"
-    else:
-        hint = (
-            "it is corrupt, truncated, or holds more than tensors (torch.load with weights_only=True "
-            "refuses arbitrary pickled objects); convert it to safetensors"
+        return ValueError(f"cannot read checkpoint file {str(path)!r}: {_first_line(exc)}; {hint}")
+    if isinstance(exc, pickle.UnpicklingError):
+        # torch's own text runs to several lines and advises weights_only=False, which we never do.
+        return ValueError(
+            f"cannot read checkpoint file {str(path)!r}: it holds objects other than tensors, which "
+            "torch.load(weights_only=True) refuses to unpickle; convert it to safetensors"
         )
-    return ValueError(f"cannot read checkpoint file {str(path)!r}: {exc}; {hint}")
+    hint = (
+        "it is corrupt or truncated (an interrupted download or save?), or not a torch file; convert it to safetensors"
+    )
+    return ValueError(f"cannot read checkpoint file {str(path)!r}: {_first_line(exc)}; {hint}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    return text.splitlines()[0].rstrip(" :.") if text else type(exc).__name__

@@ -286,7 +286,16 @@ def _alias_groups(state: Mapping[str, torch.Tensor]) -> dict[str, list[str]]:
 def _normalise_device_map(device_map: DeviceMap | None) -> dict[str, torch.device | str] | None:
     if device_map is None:
         return None
-    return {k: ("disk" if v == "disk" else _as_device(v)) for k, v in device_map.items()}
+    from x_bigmodel.device_map import _device_key
+
+    result: dict[str, torch.device | str] = {}
+    for key, value in device_map.items():
+        try:
+            canonical = _device_key(value)
+        except ValueError as exc:
+            raise ValueError(f"device_map[{key!r}]: {exc}") from None
+        result[key] = "disk" if canonical == "disk" else _as_device(canonical)
+    return result
 
 
 def _device_for(name: str, devices: dict[str, torch.device | str] | None, current: torch.Tensor) -> torch.device | str:

@@ -257,7 +257,8 @@ def load_checkpoint_and_dispatch(
     del offload_state_dict  # nothing to offload: the loader never builds the state dict
     if no_split_module_classes is None:
         no_split_module_classes = getattr(model, "_no_split_modules", None)
-    if isinstance(device_map, str):
+    if device_map is not None:
+        # Planned or checked before anything is read or written: a bad map changes nothing.
         device_map = resolve_device_map(
             model,
             device_map,

@@ -44,7 +44,7 @@ from x_runtime.configs import (
 )
 from x_runtime.data_loader import prepare_data_loader
 from x_runtime.data_loader import skip_first_batches as _skip_first_batches
-from x_runtime.gradient_state import GradientState
+from x_runtime.gradient_state import GradientState, check_steps
 from x_runtime.model_files import save_state_dict_files
 from x_runtime.optimizer import AcceleratedOptimizer
 from x_runtime.precision import Precision, unwrap_forward
@@ -193,9 +193,7 @@ class Accelerator:
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        if steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {steps}")
-        self.gradient_state.num_steps = steps
+        self.gradient_state.num_steps = check_steps(steps)
 
     @property
     def optimizer_step_was_skipped(self) -> bool:

@@ -22,6 +22,7 @@ import json
 import logging
 import re
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,7 @@ def _torch_load(path: Path) -> Any:
 def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -> Path:
     """Write a complete checkpoint to ``target`` (every rank calls this)."""
     target = Path(target)
+    _check_replaceable(target)
     partial = partial_dir_for(target)
     if state.is_main_process:
         if partial.exists():
@@ -107,6 +109,17 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
     return target
 
 
+def _check_replaceable(target: Path) -> None:
+    # A save replaces only a checkpoint (or an empty folder): never a user's file or folder.
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"cannot save a checkpoint to {target}: it is a file; save_state writes a folder")
+    if target.is_dir() and not (target / MANIFEST).is_file() and any(target.iterdir()):
+        raise ValueError(
+            f"cannot save a checkpoint to {target}: the folder holds files and is not a checkpoint "
+            f"(no {MANIFEST}); choose another folder, or empty it"
+        )
+
+
 def resolve_checkpoint(source: Path) -> Path:
     """The folder to load: ``source``, or the complete copy a crash during replacement left aside."""
     source = Path(source)
@@ -139,7 +152,9 @@ def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *
             )
     for index, model in enumerate(parts.models):
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        weights = load_tensors_file(folder / _name("model", index, ".safetensors"), device=device)
+        path = folder / _name("model", index, ".safetensors")
+        weights = load_tensors_file(path, device=device)
+        _check_shapes(path, weights, model.state_dict())
         model.load_state_dict(weights, strict=strict)
     for index, optimizer in enumerate(parts.optimizers):
         optimizer.load_state_dict(_torch_load(folder / _name("optimizer", index, ".bin")))
@@ -163,6 +178,19 @@ def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *
             manifest["world_size"],
         )
     return folder
+
+
+def _check_shapes(path: Path, saved: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:
+    wrong = [
+        f"{name} {list(value.shape)} (model: {list(expected[name].shape)})"
+        for name, value in saved.items()
+        if name in expected and tuple(value.shape) != tuple(expected[name].shape)
+    ]
+    if wrong:
+        raise ValueError(
+            f"{path} holds tensors of other shapes than the model's: {', '.join(wrong)}; prepare the same model "
+            "as the run that saved it"
+        )
 
 
 def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:

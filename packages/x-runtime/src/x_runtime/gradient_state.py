@@ -22,9 +22,7 @@ class GradientState:
     """Accumulation bookkeeping shared by one accelerator's optimizers, schedulers and loaders."""
 
     def __init__(self, *, num_steps: int = 1, sync_with_dataloader: bool = True, adjust_scheduler: bool = True):
-        if num_steps < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {num_steps}")
-        self.num_steps = num_steps
+        self.num_steps = check_steps(num_steps)
         self.sync_with_dataloader = sync_with_dataloader
         self.adjust_scheduler = adjust_scheduler
         self.sync_gradients = True
@@ -63,3 +61,10 @@ class GradientState:
             f"GradientState(num_steps={self.num_steps}, sync_gradients={self.sync_gradients}, "
             f"end_of_dataloader={self.end_of_dataloader}, remainder={self.remainder})"
         )
+
+
+def check_steps(steps: object) -> int:
+    """``steps`` as a count of micro-batches per optimizer step: an int >= 1, or a clear error."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"gradient_accumulation_steps must be an integer >= 1, got {steps!r}")
+    return steps

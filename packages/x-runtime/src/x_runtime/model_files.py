@@ -79,11 +79,17 @@ def save_tensors_file(state_dict: Mapping[str, torch.Tensor], path: str | Path) 
 
 def load_tensors_file(path: str | Path, *, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """Read a file written by ``save_tensors_file``; aliases share their tensor again."""
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(path), framework="pt") as handle:
-        aliases = json.loads((handle.metadata() or {}).get("aliases", "{}"))
-    state = load_file(str(path), device=str(device))
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            aliases = json.loads((handle.metadata() or {}).get("aliases", "{}"))
+        state = load_file(str(path), device=str(device))
+    except SafetensorError as exc:
+        raise ValueError(
+            f"cannot read {path}: {str(exc).splitlines()[0]}; the file is corrupt or truncated (an interrupted "
+            "copy?): load an earlier checkpoint or copy it again"
+        ) from None
     for alias, target in aliases.items():
         state[alias] = state[target]
     return state
