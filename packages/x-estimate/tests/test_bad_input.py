@@ -138,13 +138,13 @@ def test_bad_model_exits_1_with_one_line(case, tmp_path, run_script, snapshot_tr
     assert snapshot_tree(folder) == before
 
 
-def test_internal_error_is_one_line_and_debug_shows_the_traceback(model_dir, run_script, snapshot_tree) -> None:
-    # A config transformers rejects in a way x-estimate does not translate: an internal error.
+def test_bad_size_in_config_is_named_and_debug_shows_the_traceback(model_dir, run_script, snapshot_tree) -> None:
+    # transformers would fail deep inside the model's constructor; the size is checked first, by name.
     folder = model_dir({"model_type": "bert", "num_hidden_layers": "two"})
     before = snapshot_tree(folder)
     plain = run_script(folder)
     line = _assert_one_line_error(plain, 1, "num_hidden_layers")
-    assert line.endswith("(rerun with --debug for the traceback)")
+    assert line.endswith("sets num_hidden_layers to 'two'; it must be a positive integer")
 
     debug = run_script(folder, "--debug")
     assert debug.returncode == 1

@@ -77,18 +77,36 @@ def _load_config(source: ModelSource, trust_remote_code: bool) -> Any:
         raise EstimateError(
             f"{source.name} needs its code files from the Hub, which cannot be reached; pass a local folder"
         )
+    _check_sizes(source)
     try:
         return AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, token=source.token)
-    except ValueError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        if "trust_remote_code" in str(exc):
+    except Exception as exc:
+        if isinstance(exc, ValueError) and "trust_remote_code" in str(exc):
             raise EstimateError(
                 f"{source.name} needs its own code to build: pass --trust_remote_code after reading it"
             ) from None
-        raise EstimateError(f"{source.name}: transformers cannot read its config: {first}") from None
-    except (OSError, KeyError, TypeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise EstimateError(f"{source.name}: transformers cannot read its config: {first}") from None
+        raise EstimateError(f"{source.name}: transformers cannot read its config: {_one_line(exc)}") from None
+
+
+# Sizes a model is built from: zero or a negative count makes transformers fail deep inside
+# (a ZeroDivisionError), so they are checked first, by name.
+_SIZE_KEYS = (
+    "hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "intermediate_size",
+    "vocab_size", "head_dim", "n_embd", "n_head", "n_layer", "d_model", "num_heads", "num_layers",
+)  # fmt: skip
+
+
+def _check_sizes(source: ModelSource) -> None:
+    for key in _SIZE_KEYS:
+        value = (source.config or {}).get(key)
+        if isinstance(value, bool) or (value is not None and (not isinstance(value, int) or value < 1)):
+            raise EstimateError(f"{source.name}: config.json sets {key} to {value!r}; it must be a positive integer")
+
+
+def _one_line(exc: BaseException) -> str:
+    # Whole message, on one line: transformers often puts the reason on the second line.
+    text = " ".join(str(exc).split())
+    return text or type(exc).__name__
 
 
 def _model_class(config: Any, base_model: bool, trust_remote_code: bool) -> tuple[Any, str]:
@@ -149,9 +167,10 @@ def _transformers(source: ModelSource, *, base_model: bool, trust_remote_code: b
     cls, why = _model_class(config, base_model, trust_remote_code)
     try:
         model = _instantiate(cls, config, trust_remote_code)
-    except ValueError as exc:
+    except Exception as exc:
         raise EstimateError(
-            f"{source.name}: transformers cannot build {cls.__name__}: {str(exc).splitlines()[0]}"
+            f"{source.name}: transformers cannot build {cls.__name__} from its config: "
+            f"{type(exc).__name__}: {_one_line(exc)}"
         ) from None
     _tie(model, config)
     no_split = frozenset(getattr(model, "_no_split_modules", None) or ())

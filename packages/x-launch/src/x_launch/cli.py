@@ -63,7 +63,14 @@ def config(ctx: click.Context, config_file: Path | None, force: bool) -> None:
     path = _target_path(config_file)
     if path.exists() and not force:
         # Ask before the questions, not after: nobody should answer twenty questions for nothing.
-        click.confirm(f"{path} exists. Replace it?", abort=True)
+        try:
+            replace = click.confirm(f"{path} exists. Replace it?")
+        except click.Abort:
+            # stdin ended (a script, CI): "Aborted." alone would not say why, nor what to do.
+            click.echo(f"x-launch: {path} exists and no answer came on stdin; pass --force to replace it", err=True)
+            ctx.exit(1)
+        if not replace:
+            raise click.Abort
     values = ask_config(gpus=device_count("cuda"))
     save_config(path, values, force=True)
     click.echo(f"wrote {path}")

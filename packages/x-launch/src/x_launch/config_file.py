@@ -107,7 +107,7 @@ def load_config(path: Path) -> LoadedConfig:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_unique_key_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -191,6 +191,9 @@ def save_config(path: Path, values: dict[str, Any], *, force: bool = False) -> N
         os.umask(umask)
         mode = 0o666 & ~umask  # what open() would have given a new file
     text = yaml.safe_dump(as_yaml_document(values), sort_keys=False)
+    blocker = next((p for p in path.parents if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise ConfigError(f"cannot write {path}: {blocker} is a file, not a directory")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -208,3 +211,26 @@ def save_config(path: Path, values: dict[str, Any], *, force: bool = False) -> N
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+
+
+def _unique_key_loader() -> type:
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """SafeLoader that refuses a key given twice (PyYAML keeps the last one silently)."""
+
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+            seen: dict[object, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} is given twice (first on line {seen[key]}); keep one",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader

@@ -160,6 +160,8 @@ def build_plan(
         _check_bf16(gpu_capabilities)
     if tee and not log_dir:
         raise ConfigError("--tee copies the per-rank log files to the terminal; give --log_dir too")
+    if log_dir and os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise ConfigError(f"--log_dir {log_dir} is a file; give a folder (it is created if missing)")
     env_vars = _contract_env(settings)
     if value["tpu"] or value["distributed_type"] == "XLA":
         return _tpu_plan(
