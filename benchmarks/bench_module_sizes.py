@@ -58,7 +58,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=48)
     parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (nox -s bench -- --quick)")
+    args, _ = parser.parse_known_args()  # `nox -s bench -- ...` hands every script the same flags
+    if args.quick:
+        args.repeat = 1
     model = build(args.layers)
     true_total = sum(p.numel() * 4 for p in model.parameters())  # parameters() yields a tied weight once
     true_head = model["head"].weight.numel() * 4

@@ -289,7 +289,11 @@ def main(argv: list[str] | None = None) -> None:
     from x_launch.config_file import ConfigError
 
     args = sys.argv[1:] if argv is None else argv
-    command = launch if _is_launch(args) else _cli
+    if args[:1] == ["launch"]:
+        # `accelerate launch ...` habits: the word is optional here (`x-launch launch --help` too).
+        args, command = args[1:] or ["--help"], launch
+    else:
+        command = launch if _is_launch(args) else _cli
     try:
         code: Any = command.main(args=args, prog_name="x-launch", standalone_mode=False)
     except ConfigError as exc:

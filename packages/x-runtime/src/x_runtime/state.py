@@ -73,7 +73,7 @@ class ProcessState:
         if asked in _NOT_YET:
             raise ValueError(
                 f"{env.DISTRIBUTED_TYPE.name}={asked}: x_runtime runs NO, MULTI_CPU, MULTI_GPU and MULTI_XPU; "
-                f"launch with --distributed_type MULTI_CPU or MULTI_GPU"
+                "set distributed_type to MULTI_CPU or MULTI_GPU in the launch config (x-launch config)"
             )
         device = _pick_device(cpu, where.local_rank)
         distributed_type = _distributed_type(where, device)
