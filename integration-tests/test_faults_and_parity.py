@@ -274,15 +274,6 @@ def test_sigterm_to_x_launch_mid_training_stops_every_process(start, tmp_path: P
     assert "x-launch: rank" not in job.stderr()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "x-launch names torchrun's 'first observed failure', whose timestamps have 1 s resolution with ties "
-        "going to the lowest rank: when the killed rank's peer exits on its own (gloo: connection reset by peer) "
-        "before the agent polls again, x-launch reports 'rank 0 ... exited with code 1' instead of the killed rank 1"
-    ),
-)
 def test_the_killed_rank_is_named_even_when_its_peer_exits_before_the_agent_looks(start, tmp_path: Path) -> None:
     job, ranks = _training_job(start, tmp_path, "busy-agent")
     agents = [pid for pid, (_state, parent, _session) in _table().items() if parent == job.proc.pid]

@@ -158,6 +158,38 @@ Root Cause (first observed failure):
 
 def test_parse_root_cause_reads_torchruns_summary() -> None:
     assert parse_root_cause(SUMMARY) == RankFailure(rank=5, local_rank=1, exit_code=-9, host="node7")
+
+
+TIED = """
+Failures:
+[1]:
+  time      : 2026-11-30_02:51:36
+  host      : node7
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12892)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 12892
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_02:51:36
+  host      : node7
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 12891)
+  error_file: <N/A>
+"""
+
+
+def test_a_rank_killed_in_the_same_second_as_the_root_cause_is_named_instead() -> None:
+    # Rank 1 was killed; rank 0 then failed on the broken connection within the same second, and
+    # torchrun breaks the tie by the lowest rank. The signal is the cause.
+    assert parse_root_cause(TIED) == RankFailure(rank=1, local_rank=1, exit_code=-9, host="node7")
+    later = TIED.replace(
+        "time      : 2026-11-30_02:51:36\n  host      : node7\n  rank      : 1",
+        "time      : 2026-11-30_02:51:37\n  host      : node7\n  rank      : 1",
+        1,
+    )
+    assert parse_root_cause(later).rank == 0  # not the same second: torchrun's root cause stands
     assert parse_root_cause("no summary here") is None
 
 

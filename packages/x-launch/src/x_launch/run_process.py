@@ -31,6 +31,11 @@ _ROOT_CAUSE = re.compile(
     re.S,
 )
 _HOST = re.compile(r"Root Cause.*?host\s*:\s*(?P<host>\S+)", re.S)
+# One failure of the summary: time, host, rank (local rank), exit code, on consecutive lines.
+_ENTRY = re.compile(
+    r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:\s*(?P<host>\S+)\s*\n"
+    r"\s*rank\s*:\s*(?P<rank>\d+)\s*\(local_rank:\s*(?P<local>\d+)\)\s*\n\s*exitcode\s*:\s*(?P<code>-?\d+)"
+)
 
 
 @dataclass(frozen=True)
@@ -53,17 +58,30 @@ class RankFailure:
 
 
 def parse_root_cause(agent_stderr: str) -> RankFailure | None:
-    """The root-cause rank from the failure summary torchrun's agent prints, if there is one."""
+    """The rank that failed first, from the failure summary torchrun's agent prints, if there is one.
+
+    torchrun stamps failures to the second and, on a tie, names the lowest rank as the root cause.
+    When one rank is killed, its peers then fail on the broken connection within the same second,
+    and torchrun may name a peer. A rank killed by a signal in the same second as the root cause is
+    therefore taken as the first failure: a signal is a cause, an error exit after it a consequence.
+    """
     match = _ROOT_CAUSE.search(agent_stderr)
     if match is None:
         return None
     host = _HOST.search(agent_stderr)
-    return RankFailure(
+    root = RankFailure(
         rank=int(match["rank"]),
         local_rank=int(match["local"]),
         exit_code=int(match["code"]),
         host=host["host"] if host else None,
     )
+    if root.exit_code < 0:
+        return root
+    root_time = next((e["time"] for e in _ENTRY.finditer(agent_stderr) if int(e["rank"]) == root.rank), None)
+    for entry in _ENTRY.finditer(agent_stderr):
+        if int(entry["code"]) < 0 and entry["time"] == root_time:
+            return RankFailure(int(entry["rank"]), int(entry["local"]), int(entry["code"]), entry["host"])
+    return root
 
 
 def _rank_logs(log_dir: Path, local_rank: int) -> list[Path]:
