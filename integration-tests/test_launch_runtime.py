@@ -65,3 +65,29 @@ def test_examples_train_on_two_processes_and_resume_exactly(tmp_path: Path) -> N
     assert [line.split(":")[0] for line in lines if line.startswith("epoch")] == ["epoch 0", "epoch 1", "epoch 1"]
     assert all("(301 samples)" in line for line in lines if line.startswith("epoch"))
     assert lines[-1] == "resumed run ends with the same weights as the uninterrupted one"
+
+
+def test_two_x_launch_invocations_with_two_machines_form_one_world_of_four(tmp_path: Path) -> None:
+    import socket
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    common = ["--num_processes", "4", "--num_machines", "2", "--cpu", "--main_process_ip", "127.0.0.1"]
+    machines = [
+        subprocess.Popen(
+            [_x_launch(), *common, "--machine_rank", rank, "--main_process_port", port, str(worker), str(tmp_path)],
+            env=_clean_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in ("0", "1")
+    ]
+    results = [m.communicate(timeout=240) for m in machines]
+    assert [m.returncode for m in machines] == [0, 0], [err[-2000:] for _, err in results]
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [(r["rank"], r["world"], r["type"]) for r in reports] == [(r, 4, "MULTI_CPU") for r in range(4)]
+    assert {r["sum"] for r in reports} == {10.0}  # one all_reduce over all four ranks
