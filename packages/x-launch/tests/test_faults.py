@@ -190,6 +190,11 @@ def test_a_rank_killed_in_the_same_second_as_the_root_cause_is_named_instead() -
         1,
     )
     assert parse_root_cause(later).rank == 0  # not the same second: torchrun's root cause stands
+    stopped = TIED.replace("exitcode  : -9 (pid: 12892)", "exitcode  : -15 (pid: 12892)")
+    assert parse_root_cause(stopped).rank == 0  # SIGTERM: torchrun stopping the others, not a cause
+    # torchrun named the rank it stopped (lowest rank of the second); the one that exited is the cause.
+    swapped = stopped.replace("exitcode  : -15", "exitcode  : 7").replace("exitcode  : 1 (", "exitcode  : -15 (")
+    assert parse_root_cause(swapped) == RankFailure(rank=1, local_rank=1, exit_code=7, host="node7")
     assert parse_root_cause("no summary here") is None
 
 

@@ -62,8 +62,9 @@ def parse_root_cause(agent_stderr: str) -> RankFailure | None:
 
     torchrun stamps failures to the second and, on a tie, names the lowest rank as the root cause.
     When one rank is killed, its peers then fail on the broken connection within the same second,
-    and torchrun may name a peer. A rank killed by a signal in the same second as the root cause is
-    therefore taken as the first failure: a signal is a cause, an error exit after it a consequence.
+    and torchrun may name a peer; or it names a rank it stopped itself (SIGTERM) in the second the
+    failing one exited. Among the failures of the root cause's second, a signal other than SIGTERM
+    is taken as the cause, then an error exit, then SIGTERM.
     """
     match = _ROOT_CAUSE.search(agent_stderr)
     if match is None:
@@ -75,13 +76,21 @@ def parse_root_cause(agent_stderr: str) -> RankFailure | None:
         exit_code=int(match["code"]),
         host=host["host"] if host else None,
     )
-    if root.exit_code < 0:
-        return root
     root_time = next((e["time"] for e in _ENTRY.finditer(agent_stderr) if int(e["rank"]) == root.rank), None)
-    for entry in _ENTRY.finditer(agent_stderr):
-        if int(entry["code"]) < 0 and entry["time"] == root_time:
-            return RankFailure(int(entry["rank"]), int(entry["local"]), int(entry["code"]), entry["host"])
-    return root
+    same_second = [
+        RankFailure(int(e["rank"]), int(e["local"]), int(e["code"]), e["host"])
+        for e in _ENTRY.finditer(agent_stderr)
+        if e["time"] == root_time and int(e["rank"]) != root.rank
+    ]
+    # max() keeps the first of equals: torchrun's own choice wins unless another is a likelier cause.
+    return max([root, *same_second], key=_likely_cause)
+
+
+def _likely_cause(failure: RankFailure) -> int:
+    # SIGTERM is how torchrun itself stops the other ranks once one failed: the least likely cause.
+    if failure.exit_code == -signal.SIGTERM:
+        return 0
+    return 2 if failure.exit_code < 0 else 1
 
 
 def _rank_logs(log_dir: Path, local_rank: int) -> list[Path]:
