@@ -195,3 +195,46 @@ def test_dry_run_inside_real_steps_shows_slurm_sources(job, slurm_nodes: int) ->
     for node in (0, 1):
         for line in ("num_machines: 2  [slurm]", f"machine_rank: {node}  [slurm]", "main_process_ip: node1  [slurm]"):
             assert any(x.startswith(f"{node}:") and x.endswith(line) for x in lines), log(result)
+
+
+TRAIN = Path(__file__).resolve().parent / "workers" / "train_parity.py"
+
+
+def _trained(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return {k: v for k, v in load_file(str(path)).items() if k.startswith("weights.")}
+
+
+@pytest.fixture(scope="module")
+def single_process_weights(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("single") / "weights.safetensors"
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("X_", "SLURM_", "RANK", "WORLD_SIZE"))}
+    done = subprocess.run([sys.executable, str(TRAIN), str(out), "--epochs", "2"], env=clean, capture_output=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return _trained(out)
+
+
+@pytest.mark.parametrize("how", ["srun", "sbatch"])
+def test_training_under_slurm_equals_the_single_process_run(job, tmp_path: Path, how, single_process_weights) -> None:
+    import torch
+
+    out = tmp_path / "weights.safetensors"
+    if how == "srun":  # one task per rank
+        result, _ = job("srun", "--nodes=1", "--ntasks=2", "X_LAUNCH", "--cpu", str(TRAIN), str(out), "--epochs", "2")
+    else:  # the batch script runs x-launch, which starts both ranks
+        script = tmp_path / "train.sh"
+        script.write_text(
+            job.fill(
+                "#!/bin/bash\n#SBATCH --nodes=1\n#SBATCH --output=slurm-%j.out\n"
+                f"X_LAUNCH --num_processes 2 --cpu {TRAIN} {out} --epochs 2\n"
+            )
+        )
+        result, _ = job("sbatch", "--wait", str(script))
+    assert result.returncode == 0, log(result, tmp_path)
+    text = result.stdout + "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert text.count("world size 2") == 2, text[-2000:]  # both ranks, one world
+    got = _trained(out)
+    assert got.keys() == single_process_weights.keys()
+    for name, value in got.items():
+        torch.testing.assert_close(value, single_process_weights[name], rtol=1e-5, atol=1e-5)
