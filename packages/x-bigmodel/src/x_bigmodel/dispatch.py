@@ -150,8 +150,12 @@ def dispatch_model(
         {n: index[n] for gs in blocks_by_module.values() for g in gs for n in g.names if n in index}, offload_dir
     )
 
+    # One open per file for every resident tensor listed in the index, not one per tensor.
+    resident_sources = sources_from_index(
+        {n: index[n] for names, _ in resident for n in names if n in index}, offload_dir
+    )
     for names, target in resident:
-        _materialise(model, names, target, index, state_dict, offload_dir)
+        _materialise(model, names, target, resident_sources, state_dict)
     blocks: list[OffloadedBlock] = []
     for unit, unit_groups in blocks_by_module.items():
         for group in unit_groups:
@@ -486,9 +490,8 @@ def _materialise(
     model: nn.Module,
     names: list[str],
     device: torch.device,
-    index: Mapping[str, Mapping[str, Any]],
+    sources: Mapping[str, FileWeight],
     state_dict: Mapping[str, torch.Tensor] | None,
-    offload_dir: str | os.PathLike[str] | None,
 ) -> None:
     """Put a resident tensor (all its aliases) on ``device``.
 
@@ -498,9 +501,9 @@ def _materialise(
     """
     owner, leaf = _owner(model, names[0])
     current = getattr(owner, leaf)
-    found = [n for n in names if n in index]
+    found = [n for n in names if n in sources]
     if found:
-        source = sources_from_index({found[0]: index[found[0]]}, offload_dir)[found[0]]
+        source = sources[found[0]]
         value = source.file.read(source.key).to(device=device, dtype=source.dtype)
     elif state_dict is not None and names[0] in state_dict:
         value = state_dict[names[0]].to(device=device, dtype=current.dtype)
