@@ -104,7 +104,10 @@ def test_bf16_forward_autocasts_and_returns_fp32() -> None:
     ("mode", "message"),
     [
         ("fp16", "mixed_precision='fp16' needs a GPU; on CPU use 'bf16' or 'no'"),
-        ("fp8", "mixed_precision='fp8' needs FP8 hardware"),
+        (
+            "fp8",
+            "mixed_precision='fp8' needs an NVIDIA GPU of compute capability >= 8.9 (H100, L4, RTX 4090); this run computes on cpu: use 'bf16'",
+        ),
         ("fp32", "mixed_precision='fp32' is not one of no, fp16, bf16, fp8"),
     ],
 )
@@ -124,9 +127,9 @@ def test_launcher_contract_sets_precision_accumulation_and_cpu(monkeypatch) -> N
     assert Accelerator(mixed_precision="no", gradient_accumulation_steps=2).mixed_precision == "no"
 
 
-def test_unsupported_strategy_from_the_launcher_is_refused(monkeypatch) -> None:
+def test_fsdp_without_a_process_group_says_how_to_launch(monkeypatch) -> None:
     monkeypatch.setenv(env.DISTRIBUTED_TYPE.name, "FSDP")
-    with pytest.raises(ValueError, match="X_DISTRIBUTED_TYPE=FSDP"):
+    with pytest.raises(ValueError, match=r"FSDP needs a process group, .* `x-launch --num_processes N script.py`"):
         Accelerator(cpu=True)
 
 

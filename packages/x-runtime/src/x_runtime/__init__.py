@@ -18,6 +18,7 @@ from x_runtime._version import __version__
 from x_runtime.accelerator import Accelerator
 from x_runtime.collectives import broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce
 from x_runtime.configs import (
+    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -25,6 +26,7 @@ from x_runtime.configs import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
     ProjectConfiguration,
+    TERecipeKwargs,
 )
 from x_runtime.data_loader import skip_first_batches
 from x_runtime.logging import get_logger
@@ -32,17 +34,23 @@ from x_runtime.memory import find_executable_batch_size, free_memory, release_me
 from x_runtime.nested import send_to_device
 from x_runtime.random_state import set_seed
 from x_runtime.state import DistributedType
+from x_runtime.strategies.dynamo import TorchDynamoPlugin
+from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 
 __all__ = [
+    "AORecipeKwargs",
     "Accelerator",
     "AutocastKwargs",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "DistributedType",
+    "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "ProjectConfiguration",
+    "TERecipeKwargs",
+    "TorchDynamoPlugin",
     "__version__",
     "broadcast",
     "broadcast_object_list",

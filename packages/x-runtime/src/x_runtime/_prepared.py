@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from x_common import env
 from x_runtime.optimizer import AcceleratedOptimizer
 from x_runtime.scheduler import AcceleratedScheduler
 from x_runtime.state import ProcessState
@@ -80,22 +79,3 @@ def _leaves(data: Any) -> list[Any]:
     if isinstance(data, dict):
         return [leaf for item in data.values() for leaf in _leaves(item)]
     return [data]
-
-
-def wrap_model(
-    model: torch.nn.Module, device: torch.device, *, ddp: bool, ddp_kwargs: dict[str, Any], dynamo_backend: str
-) -> torch.nn.Module:
-    """DDP around a model with trainable parameters when ``ddp``; then torch.compile unless "no"."""
-    wrapped = model
-    if ddp and any(p.requires_grad for p in model.parameters()):
-        device_ids = [device.index] if device.type in ("cuda", "xpu") else None
-        wrapped = DistributedDataParallel(model, device_ids=device_ids, **ddp_kwargs)
-    if dynamo_backend != "no":
-        wrapped = torch.compile(
-            wrapped,
-            backend=dynamo_backend,
-            mode=env.DYNAMO_MODE.read(),
-            fullgraph=env.DYNAMO_FULLGRAPH.read(),
-            dynamic=env.DYNAMO_DYNAMIC.read(),
-        )
-    return wrapped

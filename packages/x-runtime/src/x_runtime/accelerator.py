@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from x_common import env
 from x_runtime import collectives, nested
@@ -31,7 +30,6 @@ from x_runtime._prepared import (
     _Prepared,
     _release_at_exit,
     _unwrap,
-    wrap_model,
 )
 from x_runtime.checkpoint_naming import load_source, note_loaded, note_saved, save_target
 from x_runtime.checkpointing import CheckpointParts, load_checkpoint, save_checkpoint
@@ -52,6 +50,9 @@ from x_runtime.process_helpers import first_on, on_process, split_between_proces
 from x_runtime.random_state import set_seed
 from x_runtime.scheduler import AcceleratedScheduler
 from x_runtime.state import ProcessState
+from x_runtime.strategies.dynamo import TorchDynamoPlugin, compile_model
+from x_runtime.strategies.fp8 import fp8_recipe_for
+from x_runtime.strategies.select import asked_strategy, choose_strategy
 
 __all__ = ["Accelerator"]
 
@@ -78,6 +79,10 @@ class Accelerator:
         rng_types: accepted for compatibility; data order never depends on synchronised
             generators here (the shuffling sampler is seeded), so nothing needs syncing.
         dynamo_backend: ``torch.compile`` backend for prepared models ("no" to disable).
+        dynamo_plugin: ``TorchDynamoPlugin`` (mode, fullgraph, regional compilation); not with
+            ``dynamo_backend``.
+        fsdp_plugin / deepspeed_plugin: shard the model with FSDP2 or DeepSpeed; without them
+            the launcher's ``distributed_type`` decides.
 
     Examples:
         >>> import torch
@@ -110,10 +115,9 @@ class Accelerator:
         step_scheduler_with_optimizer: bool = True,
         kwargs_handlers: list[KwargsHandler] | None = None,
         dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
     ):
-        for name, plugin in (("deepspeed_plugin", deepspeed_plugin), ("fsdp_plugin", fsdp_plugin)):
-            if plugin is not None:
-                raise ValueError(f"{name}: x_runtime {self._version()} trains with DDP only; drop {name}")
+        sharded = asked_strategy(fsdp_plugin, deepspeed_plugin) is not None
         for rng in rng_types or []:
             if str(rng) not in _RNG_TYPES:
                 raise ValueError(f"rng_types: {rng!r} is not one of {', '.join(_RNG_TYPES)}")
@@ -127,14 +131,25 @@ class Accelerator:
 
         init = self.handlers.init
         self.state = ProcessState.from_environment(
-            cpu=cpu, backend=init.backend, init_method=init.init_method, timeout=init.timeout
+            cpu=cpu, backend=init.backend, init_method=init.init_method, timeout=init.timeout, sharded=sharded
         )
+        mode = env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision)
+        self.fp8_recipe = fp8_recipe_for(mode, self.state.device, kwargs_handlers)
         self.precision = Precision(
-            env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision),
+            mode,
             self.state.device,
             autocast_kwargs=self.handlers.autocast.to_kwargs(),
             scaler_kwargs=self.handlers.scaler.to_kwargs(),
         )
+        self.strategy = choose_strategy(
+            self.state,
+            fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            mixed_precision=self.precision.mode,
+            ddp_kwargs=self.handlers.ddp.to_kwargs(),
+        )
+        if self.strategy.distributed_type is not None:
+            self.state.distributed_type = self.strategy.distributed_type
         plugin = gradient_accumulation_plugin
         if plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
@@ -151,7 +166,9 @@ class Accelerator:
         self.sync_each_batch = plugin.sync_each_batch
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.dynamo_backend = (dynamo_backend or env.DYNAMO_BACKEND.read() or "no").lower()
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
+        self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
         self.log_with = log_with
         self.trackers: list[Any] = []
         self.step = 0  # micro-batches seen by accumulate()
@@ -186,6 +203,7 @@ class Accelerator:
     logging_dir = Forward("project_configuration", "logging_dir")
     save_iteration = Forward("project_configuration", "iteration")
     sync_gradients = Forward("gradient_state", "sync_gradients", writable=True)
+    dynamo_backend = Forward("dynamo_plugin", "backend")
 
     @property
     def gradient_accumulation_steps(self) -> int:
@@ -231,20 +249,17 @@ class Accelerator:
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
-        """Place ``model``, autocast its forward under mixed precision, wrap it in DDP."""
+        """Place ``model``, autocast its forward under mixed precision, distribute it, compile it."""
         if any(model is m or model is _unwrap(m) for m in self._prepared.models):
             raise ValueError("this model is already prepared; prepare each model once")
         if self.device_placement if device_placement is None else device_placement:
-            model = model.to(self.device)
+            model = self.strategy.place_model(model)
+        if self.fp8_recipe is not None:
+            from x_runtime.strategies.fp8 import apply_fp8
+
+            apply_fp8(model, self.fp8_recipe)
         self.precision.wrap_forward(model)
-        train_distributed = self.use_distributed and not evaluation_mode
-        wrapped = wrap_model(
-            model,
-            self.device,
-            ddp=train_distributed,
-            ddp_kwargs=self.handlers.ddp.to_kwargs(),
-            dynamo_backend=self.dynamo_backend,
-        )
+        wrapped = compile_model(self.strategy.wrap_model(model, train=not evaluation_mode), self.dynamo_plugin)
         self._prepared.models.append(wrapped)
         return wrapped
 
@@ -253,7 +268,7 @@ class Accelerator:
             return optimizer
         placement = self.device_placement if device_placement is None else device_placement
         prepared = AcceleratedOptimizer(
-            optimizer,
+            self.strategy.prepare_optimizer(optimizer),
             gradient_state=self.gradient_state,
             scaler=self.precision.scaler,
             device=self.device if placement else None,
@@ -315,10 +330,7 @@ class Accelerator:
         """``loss.backward()`` divided over accumulation steps, scaled under fp16."""
         if self.gradient_state.num_steps > 1:
             loss = loss / self.gradient_state.num_steps
-        if self.precision.scaler is not None:
-            self.precision.scaler.scale(loss).backward(**kwargs)
-        else:
-            loss.backward(**kwargs)
+        self.strategy.backward(loss, self.precision.scaler, **kwargs)
 
     def _do_sync(self) -> None:
         state = self.gradient_state
@@ -331,10 +343,8 @@ class Accelerator:
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        """Skip DDP's gradient all-reduce inside the block (gradients accumulate locally)."""
-        inner = _unwrap(model, keep_torch_compile=False, through_ddp=False)
-        context = inner.no_sync() if isinstance(inner, DistributedDataParallel) else contextlib.nullcontext()
-        with context:
+        """Skip the gradient all-reduce / reduce-scatter inside the block (gradients accumulate locally)."""
+        with self.strategy.no_sync(_unwrap(model, keep_torch_compile=False, through_ddp=False)):
             yield
 
     @contextlib.contextmanager
@@ -359,7 +369,7 @@ class Accelerator:
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Clip the gradient norm (after unscaling under fp16); returns the total norm."""
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return self.strategy.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         self.unscale_gradients()
@@ -473,6 +483,7 @@ class Accelerator:
             dataloaders=list(self._prepared.dataloaders),
             custom=list(self._prepared.custom),
             scaler=self.precision.scaler,
+            strategy=self.strategy,
         )
 
     def save_state(self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True) -> str:
@@ -496,7 +507,8 @@ class Accelerator:
         return str(folder)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        return (_unwrap(model) if unwrap else model).state_dict()
+        """The whole model's weights; sharded models are gathered to the main process (every rank calls)."""
+        return self.strategy.state_dict(_unwrap(model) if unwrap else model)
 
     def save_model(
         self,

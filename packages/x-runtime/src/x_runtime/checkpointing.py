@@ -2,7 +2,8 @@
 
 Layout of a checkpoint folder (the names tell what each file holds):
 
-    model.safetensors, model_1.safetensors, ...     weights (shared tensors once)
+    model.safetensors, model_1.safetensors, ...     weights (shared tensors once); sharded
+                                                    strategies may write model_sharded/ instead
     optimizer.bin, optimizer_1.bin, ...             optimizer state dicts
     scheduler.bin, ...                              scheduler state dicts
     scaler.bin                                      fp16 grad scaler
@@ -30,7 +31,6 @@ from typing import Any
 import torch
 
 from x_runtime.atomic import partial_dir_for, replace_dir, write_file_atomic
-from x_runtime.model_files import load_tensors_file, save_tensors_file
 from x_runtime.random_state import capture_rng_state, restore_rng_state
 from x_runtime.state import ProcessState
 
@@ -53,6 +53,19 @@ class CheckpointParts:
     dataloaders: list[Any] = field(default_factory=list)
     custom: list[Any] = field(default_factory=list)
     scaler: torch.amp.GradScaler | None = None
+    strategy: Any = None  # writes and reads model and optimizer files (strategies.ddp by default)
+
+    def io(self) -> Any:
+        if self.strategy is None:
+            from x_runtime.strategies.ddp import DDPStrategy
+
+            raise ValueError(f"CheckpointParts.strategy is unset; pass a strategy such as {DDPStrategy.__name__}")
+        return self.strategy
+
+    def owner(self, optimizer: Any) -> torch.nn.Module | None:
+        """The model whose parameters ``optimizer`` updates (sharded strategies need the pair)."""
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        return next((m for m in self.models if any(id(p) in params for p in m.parameters())), None)
 
 
 def _name(stem: str, index: int, suffix: str) -> str:
@@ -77,11 +90,15 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
             shutil.rmtree(partial)  # left by a save that crashed; never a complete checkpoint
         partial.mkdir(parents=True)
     state.wait_for_everyone()
+    io = parts.io()
+    layouts = {
+        "models": [io.save_model_files(partial, _name("model", i, ""), m) for i, m in enumerate(parts.models)],
+        "optimizers": [
+            io.save_optimizer_files(partial, _name("optimizer", i, ""), o, parts.owner(o))
+            for i, o in enumerate(parts.optimizers)
+        ],
+    }
     if state.is_main_process:
-        for index, model in enumerate(parts.models):
-            save_tensors_file(model.state_dict(), partial / _name("model", index, ".safetensors"))
-        for index, optimizer in enumerate(parts.optimizers):
-            _torch_save(optimizer.state_dict(), partial / _name("optimizer", index, ".bin"))
         for index, scheduler in enumerate(parts.schedulers):
             _torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
         if parts.scaler is not None:
@@ -102,6 +119,7 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
             "dataloaders": len(parts.dataloaders),
             "custom_objects": len(parts.custom),
             "scaler": parts.scaler is not None,
+            "layouts": layouts,
         }
         write_file_atomic(partial / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
         replace_dir(partial, target)
@@ -150,14 +168,14 @@ def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *
                 f"{folder} holds {manifest[kind]} {kind} but {have} are prepared/registered; "
                 "prepare the same objects in the same order as the run that saved it"
             )
+    io = parts.io()
+    layouts = manifest.get("layouts", {})
     for index, model in enumerate(parts.models):
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        path = folder / _name("model", index, ".safetensors")
-        weights = load_tensors_file(path, device=device)
-        _check_shapes(path, weights, model.state_dict())
-        model.load_state_dict(weights, strict=strict)
+        record = _record(layouts, "models", index)
+        io.load_model_files(folder, _name("model", index, ""), model, record, strict)
     for index, optimizer in enumerate(parts.optimizers):
-        optimizer.load_state_dict(_torch_load(folder / _name("optimizer", index, ".bin")))
+        record = _record(layouts, "optimizers", index)
+        io.load_optimizer_files(folder, _name("optimizer", index, ""), optimizer, parts.owner(optimizer), record)
     for index, scheduler in enumerate(parts.schedulers):
         scheduler.load_state_dict(_torch_load(folder / _name("scheduler", index, ".bin")))
     if parts.scaler is not None and (folder / "scaler.bin").is_file():
@@ -180,17 +198,10 @@ def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *
     return folder
 
 
-def _check_shapes(path: Path, saved: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:
-    wrong = [
-        f"{name} {list(value.shape)} (model: {list(expected[name].shape)})"
-        for name, value in saved.items()
-        if name in expected and tuple(value.shape) != tuple(expected[name].shape)
-    ]
-    if wrong:
-        raise ValueError(
-            f"{path} holds tensors of other shapes than the model's: {', '.join(wrong)}; prepare the same model "
-            "as the run that saved it"
-        )
+def _record(layouts: Mapping[str, Any], kind: str, index: int) -> dict[str, Any]:
+    # Checkpoints written before strategies existed hold full weights and record nothing.
+    records = layouts.get(kind) or []
+    return dict(records[index]) if index < len(records) else {"layout": "full"}
 
 
 def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:

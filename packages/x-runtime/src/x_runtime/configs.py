@@ -8,11 +8,13 @@ carry keyword arguments through to the torch object they configure (DDP, the gra
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
 
 __all__ = [
+    "AORecipeKwargs",
     "AutocastKwargs",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
@@ -21,6 +23,7 @@ __all__ = [
     "InitProcessGroupKwargs",
     "KwargsHandler",
     "ProjectConfiguration",
+    "TERecipeKwargs",
 ]
 
 
@@ -146,6 +149,32 @@ class AutocastKwargs(KwargsHandler):
 
 
 @dataclass
+class AORecipeKwargs(KwargsHandler):
+    """fp8 through torchao: ``config`` is a ``torchao.float8.Float8LinearConfig`` (default: its default).
+
+    ``module_filter_func(module, name) -> bool`` chooses the ``Linear`` layers to convert; by
+    default every one whose dimensions are multiples of 16 except the first and the last
+    (embedding-side and output layers lose most accuracy in fp8).
+    """
+
+    config: Any = None
+    module_filter_func: Callable[[Any, str], bool] | None = None
+
+
+@dataclass
+class TERecipeKwargs(KwargsHandler):
+    """Transformer Engine's recipe fields, accepted so configs load; this version runs torchao."""
+
+    use_autocast_during_eval: bool | None = None
+    margin: int | None = None
+    interval: int | None = None
+    fp8_format: str | None = None
+    amax_history_len: int | None = None
+    amax_compute_algo: str | None = None
+    override_linear_precision: tuple[bool, bool, bool] | None = None
+
+
+@dataclass
 class _Handlers:
     """The handlers an Accelerator was given, one per kind."""
 
@@ -153,6 +182,7 @@ class _Handlers:
     scaler: GradScalerKwargs = field(default_factory=GradScalerKwargs)
     init: InitProcessGroupKwargs = field(default_factory=InitProcessGroupKwargs)
     autocast: AutocastKwargs = field(default_factory=AutocastKwargs)
+    fp8: KwargsHandler | None = None
 
     @classmethod
     def from_list(cls, handlers: list[KwargsHandler] | None) -> _Handlers:
@@ -163,6 +193,8 @@ class _Handlers:
             GradScalerKwargs: "scaler",
             InitProcessGroupKwargs: "init",
             AutocastKwargs: "autocast",
+            AORecipeKwargs: "fp8",
+            TERecipeKwargs: "fp8",
         }
         for handler in handlers or []:
             kind = type(handler)

@@ -2,8 +2,8 @@
 
 The prepared model's ``forward`` runs under autocast and returns float32 outputs, so losses and
 metrics computed after it keep full precision, as in Accelerate. fp16 needs a loss scaler and a
-GPU; on CPU it is refused (bf16 is the CPU choice). fp8 belongs to the strategies and is refused
-here with the alternative.
+GPU; on CPU it is refused (bf16 is the CPU choice). fp8 is checked and applied by
+``strategies.fp8``; around its fp8 layers the model autocasts to bf16.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from x_runtime import nested
 
 __all__ = ["Precision", "convert_to_fp32", "unwrap_forward"]
 
-_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# fp8 converts Linear layers (strategies.fp8, after its hardware check); the rest runs in bf16.
+_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
 
 
 class Precision:
@@ -37,8 +38,6 @@ class Precision:
         mode = "no" if mode in (None, "") else str(mode).lower()
         if mode not in MIXED_PRECISIONS:
             raise ValueError(f"mixed_precision={mode!r} is not one of {', '.join(MIXED_PRECISIONS)}")
-        if mode == "fp8":
-            raise ValueError("mixed_precision='fp8' needs FP8 hardware and torchao or Transformer Engine; use 'bf16'")
         if mode == "fp16" and device.type == "cpu":
             raise ValueError("mixed_precision='fp16' needs a GPU; on CPU use 'bf16' or 'no'")
         if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():

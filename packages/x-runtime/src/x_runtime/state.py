@@ -33,7 +33,9 @@ class DistributedType:
     XLA = "XLA"
 
 
-_NOT_YET = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA)
+_NOT_YET = (DistributedType.DEEPSPEED, DistributedType.XLA)
+# Sharding strategies need a process group even when the launcher started a single process.
+_SHARDED = (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
 
 @dataclass
@@ -60,8 +62,12 @@ class ProcessState:
         init_method: str | None = None,
         timeout: timedelta | None = None,
         environ: dict[str, str] | None = None,
+        sharded: bool = False,
     ) -> ProcessState:
         """Read the environment, pick the device, and join the process group when distributed.
+
+        ``sharded`` (a sharding plugin was given) joins a process group even for a world of
+        one started by a launcher, as the launcher's FSDP/DEEPSPEED choice does.
 
         Raises:
             ValueError: a launcher variable is malformed, or the launcher asked for a strategy
@@ -72,12 +78,13 @@ class ProcessState:
         asked = env.DISTRIBUTED_TYPE.read(environ)
         if asked in _NOT_YET:
             raise ValueError(
-                f"{env.DISTRIBUTED_TYPE.name}={asked}: x_runtime runs NO, MULTI_CPU, MULTI_GPU and MULTI_XPU; "
+                f"{env.DISTRIBUTED_TYPE.name}={asked}: x_runtime runs NO, MULTI_CPU, MULTI_GPU, MULTI_XPU and FSDP; "
                 "set distributed_type to MULTI_CPU or MULTI_GPU in the launch config (x-launch config)"
             )
         device = _pick_device(cpu, where.local_rank)
         distributed_type = _distributed_type(where, device)
-        chosen_backend = backend or _default_backend(device) if where.is_distributed else None
+        joins = where.is_distributed or ((sharded or asked in _SHARDED) and where.source != "single")
+        chosen_backend = backend or _default_backend(device) if joins else None
         state = cls(
             rank=where.rank,
             local_rank=where.local_rank,
@@ -89,7 +96,7 @@ class ProcessState:
             distributed_type=distributed_type,
             source=where.source,
         )
-        if where.is_distributed:
+        if joins:
             seconds = env.PROCESS_GROUP_TIMEOUT.read(environ)
             state._join(where, init_method, timeout or timedelta(seconds=seconds))
         return state

@@ -1,0 +1,120 @@
+"""The default strategy: one process, or DistributedDataParallel over a process group.
+
+Every other strategy subclasses ``DDPStrategy`` and overrides what it does differently, so the
+accelerator calls the same methods whatever runs underneath.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from x_runtime.model_files import load_tensors_file, save_tensors_file
+from x_runtime.state import ProcessState
+
+__all__ = ["DDPStrategy", "check_shapes"]
+
+
+class DDPStrategy:
+    """Plain PyTorch: the model as it is, wrapped in DDP when several processes train it."""
+
+    distributed_type: str | None = None  # None keeps what the process state inferred
+
+    def __init__(self, state: ProcessState, *, ddp_kwargs: dict[str, Any] | None = None):
+        self.state = state
+        self.ddp_kwargs = dict(ddp_kwargs or {})
+
+    # --- prepare -----------------------------------------------------------------------------
+    def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.state.device)
+
+    def wrap_model(self, model: torch.nn.Module, *, train: bool) -> torch.nn.Module:
+        if not (train and self.state.use_distributed and any(p.requires_grad for p in model.parameters())):
+            return model
+        device = self.state.device
+        device_ids = [device.index] if device.type in ("cuda", "xpu") else None
+        return DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return optimizer
+
+    # --- the step ----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None, **kwargs: Any) -> None:
+        if scaler is not None:
+            scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        context = model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
+        with context:
+            yield
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    # --- weights -----------------------------------------------------------------------------
+    def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's weights (every rank calls this; only the main process needs them)."""
+        return model.state_dict()
+
+    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
+        """Write ``model``'s weights under ``folder``; return what the manifest should record."""
+        if self.state.is_main_process:
+            save_tensors_file(model.state_dict(), folder / f"{name}.safetensors")
+        return {"layout": "full"}
+
+    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
+        _refuse_layout(record, "full", folder)
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        path = folder / f"{name}.safetensors"
+        weights = load_tensors_file(path, device=device)
+        check_shapes(path, weights, model.state_dict())
+        model.load_state_dict(weights, strict=strict)
+
+    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
+        if self.state.is_main_process:
+            _torch_save(optimizer.state_dict(), folder / f"{name}.bin")
+        return {"layout": "full"}
+
+    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:
+        _refuse_layout(record, "full", folder)
+        optimizer.load_state_dict(_torch_load(folder / f"{name}.bin"))
+
+
+def _refuse_layout(record: dict, expected: str, folder: Path) -> None:
+    layout = record.get("layout", "full")
+    if layout != expected:
+        raise ValueError(
+            f"{folder} holds {layout} ({record.get('strategy', 'another strategy')}) weights but this run reads "
+            f"{expected} ones; resume with the strategy that saved it"
+        )
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    from x_runtime.atomic import write_file_atomic
+
+    write_file_atomic(path, lambda tmp: torch.save(obj, tmp))
+
+
+def _torch_load(path: Path) -> Any:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def check_shapes(path: Path, saved: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    wrong = [
+        f"{name} {list(value.shape)} (model: {list(expected[name].shape)})"
+        for name, value in saved.items()
+        if name in expected and tuple(value.shape) != tuple(expected[name].shape)
+    ]
+    if wrong:
+        raise ValueError(
+            f"{path} holds tensors of other shapes than the model's: {', '.join(wrong)}; prepare the same model "
+            "as the run that saved it"
+        )

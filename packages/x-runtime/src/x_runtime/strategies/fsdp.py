@@ -1,0 +1,292 @@
+"""FSDP2: ``fully_shard`` units chosen by layer class or size, with full or sharded checkpoints.
+
+Each rank keeps 1/N of every parameter as a ``DTensor``; a unit's parameters are gathered for
+its forward and backward and freed after (``reshard_after_forward``). ``fully_shard`` replaces
+the module's parameters with new objects, so an optimizer built before ``prepare`` is pointed at
+the new ones (matched through weak references, never by recycled ``id``s).
+
+Checkpoints: FULL_STATE_DICT gathers whole tensors on rank 0 (``model.safetensors`` and an
+optimizer file keyed by parameter names, readable by a DDP or single-process run);
+SHARDED_STATE_DICT writes ``<name>_sharded/`` through ``torch.distributed.checkpoint``, every
+rank its own shards, loadable into any number of processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from x_runtime.model_files import load_tensors_file, save_tensors_file
+from x_runtime.state import ProcessState
+from x_runtime.strategies.ddp import DDPStrategy, _refuse_layout, _torch_load, _torch_save, check_shapes
+from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
+
+__all__ = ["FSDPStrategy", "wrap_units"]
+
+
+class FSDPStrategy(DDPStrategy):
+    distributed_type = "FSDP"
+
+    def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin, mixed_precision: str):
+        super().__init__(state)
+        try:
+            from torch.distributed.fsdp import fully_shard  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                f"FSDP needs torch>=2.6 (fully_shard); this is torch {torch.__version__}: pip install -U torch"
+            ) from None
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError(
+                "FSDP needs a process group, but this process was started alone (no RANK/WORLD_SIZE from a "
+                "launcher); start it with `x-launch --num_processes N script.py` or torchrun"
+            )
+        if plugin.cpu_offload and state.device.type == "cpu":
+            raise ValueError(
+                "FSDP cpu_offload (fsdp_offload_params) needs a GPU: this run computes on CPU, where parameters "
+                "already live in CPU memory; set it to false"
+            )
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.plugin = plugin
+        self.mp_policy = plugin.mixed_precision(mixed_precision)
+        self.mesh = init_device_mesh(state.device.type, (state.world_size,))
+        self._moved: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
+
+    # --- prepare -----------------------------------------------------------------------------
+    def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        # Meta models (cpu_ram_efficient_loading on ranks > 0) are materialised after sharding.
+        return model if _on_meta(model) else model.to(self.state.device)
+
+    def wrap_model(self, model: torch.nn.Module, *, train: bool) -> torch.nn.Module:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+        plugin = self.plugin
+        units = wrap_units(model, plugin)
+        on_meta = _on_meta(model)
+        if on_meta and (self.state.is_main_process or not plugin.cpu_ram_efficient_loading):
+            raise ValueError(
+                "the model is on the meta device; under FSDP only ranks > 0 may pass a meta model, and only with "
+                "cpu_ram_efficient_loading=True (rank 0 must hold the real weights)"
+            )
+        full = dict(model.state_dict()) if plugin.sync_module_states and self.state.is_main_process else {}
+        before = list(model.parameters())
+        if plugin.activation_checkpointing:
+            for unit in units:
+                _recompute_in_backward(unit)
+        ignored = _ignored_params(model, plugin.ignored_modules)
+        options = {
+            "mesh": self.mesh,
+            "reshard_after_forward": plugin.reshard_after_forward,
+            "mp_policy": self.mp_policy,
+            "offload_policy": CPUOffloadPolicy() if plugin.cpu_offload else OffloadPolicy(),
+            "ignored_params": ignored or None,
+        }
+        # Innermost units first: fully_shard must see a unit's sub-units already sharded.
+        for unit in reversed(units):
+            fully_shard(unit, **options)
+        fully_shard(model, **options)
+        if on_meta:
+            model.to_empty(device=self.state.device)
+        if plugin.sync_module_states:
+            self._sync_from_rank0(model, full, on_meta)
+        for old, new in zip(before, model.parameters(), strict=True):
+            if old is not new:
+                self._moved[id(old)] = (weakref.ref(old), new)
+        return model
+
+    def _sync_from_rank0(self, model: torch.nn.Module, full: dict[str, torch.Tensor], on_meta: bool) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_model_state_dict(model, full, options=options)
+        # Buffers outside the state dict (non-persistent, e.g. rotary tables) travel separately.
+        persistent = set(model.state_dict())
+        for name, buffer in model.named_buffers():
+            if name not in persistent and isinstance(buffer, torch.Tensor):
+                dist.broadcast(buffer, src=0)
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        for group in optimizer.param_groups:
+            group["params"] = [self._sharded(p) for p in group["params"]]
+        return optimizer
+
+    def _sharded(self, param: torch.nn.Parameter) -> torch.nn.Parameter:
+        entry = self._moved.get(id(param))
+        if entry is not None and entry[0]() is param:
+            return entry[1]
+        return param
+
+    # --- the step ----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        setter = getattr(model, "set_requires_gradient_sync", None)
+        if setter is None:
+            yield
+            return
+        setter(False)
+        try:
+            yield
+        finally:
+            setter(True)
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    # --- weights -----------------------------------------------------------------------------
+    def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """Whole tensors on the main process (``{}`` elsewhere); every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def _sharded_layout(self) -> bool:
+        return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
+
+    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        if self._sharded_layout():
+            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(folder / f"{name}_sharded"))
+            return {"layout": "sharded", "strategy": "FSDP"}
+        weights = self.state_dict(model)
+        if self.state.is_main_process:
+            save_tensors_file(weights, folder / f"{name}.safetensors")
+        return {"layout": "full", "strategy": "FSDP"}
+
+    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            set_model_state_dict,
+        )
+
+        if record.get("layout", "full") == "sharded":
+            held = {"model": get_model_state_dict(model)}
+            dcp.load(held, checkpoint_id=str(folder / f"{name}_sharded"))
+            set_model_state_dict(model, held["model"], options=StateDictOptions(strict=strict))
+            return
+        _refuse_layout(record, "full", folder)
+        weights: dict[str, torch.Tensor] = {}
+        if self.state.is_main_process:
+            path = folder / f"{name}.safetensors"
+            weights = load_tensors_file(path)
+            check_shapes(path, weights, model.state_dict())
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+        set_model_state_dict(model, weights, options=options)
+
+    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if self._sharded_layout():
+            state = get_optimizer_state_dict(model, inner)
+            dcp.save({"optimizer": state}, checkpoint_id=str(folder / f"{name}_sharded"))
+            return {"layout": "sharded", "strategy": "FSDP"}
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_optimizer_state_dict(model, inner, options=options)
+        if self.state.is_main_process:
+            _torch_save(state, folder / f"{name}.bin")
+        return {"layout": "full", "strategy": "FSDP"}
+
+    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if record.get("layout", "full") == "sharded":
+            held = {"optimizer": get_optimizer_state_dict(model, inner)}
+            dcp.load(held, checkpoint_id=str(folder / f"{name}_sharded"))
+            set_optimizer_state_dict(model, inner, held["optimizer"])
+            return
+        _refuse_layout(record, "full", folder)
+        state = _torch_load(folder / f"{name}.bin") if self.state.is_main_process else {}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+        set_optimizer_state_dict(model, inner, state, options=options)
+
+
+def wrap_units(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin) -> list[torch.nn.Module]:
+    """The submodules sharded as their own units, outermost first (the root is not included).
+
+    Raises:
+        ValueError: layer class names that no submodule has, or a class policy without names.
+    """
+    policy = plugin.auto_wrap_policy
+    if callable(policy):
+        return [m for m in model.modules() if m is not model and policy(m)]
+    if policy in (None, "no_wrap"):
+        return []
+    if policy == "size_based_wrap":
+        return _units_by_size(model, int(plugin.min_num_params))
+    names = list(plugin.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
+    model_name = type(model).__name__
+    if not names:
+        raise ValueError(
+            f"auto_wrap_policy=transformer_based_wrap needs layer class names (fsdp_transformer_layer_cls_to_wrap, "
+            f"e.g. LlamaDecoderLayer); {model_name} declares no _no_split_modules"
+        )
+    present = {type(m).__name__ for m in model.modules()}
+    unknown = [n for n in names if n not in present]
+    if unknown:
+        with_params = sorted({type(m).__name__ for m in model.modules() if any(True for _ in m.parameters())})
+        raise ValueError(
+            f"fsdp_transformer_layer_cls_to_wrap: {', '.join(unknown)} not found in {model_name}; its module "
+            f"classes with parameters are {', '.join(with_params)}"
+        )
+    return [m for m in model.modules() if m is not model and type(m).__name__ in names]
+
+
+def _units_by_size(model: torch.nn.Module, min_num_params: int) -> list[torch.nn.Module]:
+    # FSDP1's size policy: after its children, a module becomes a unit when the parameters not
+    # yet in a unit reach the threshold.
+    units: list[torch.nn.Module] = []
+
+    def remaining(module: torch.nn.Module) -> int:
+        count = sum(remaining(child) for child in module.children())
+        count += sum(p.numel() for p in module.parameters(recurse=False))
+        if module is not model and count >= min_num_params:
+            units.append(module)
+            return 0
+        return count
+
+    remaining(model)
+    ordered = {id(m): i for i, m in enumerate(model.modules())}
+    return sorted(units, key=lambda m: ordered[id(m)])
+
+
+def _recompute_in_backward(unit: torch.nn.Module) -> None:
+    # Replacing forward (not wrapping the module) keeps parameter names, hence checkpoints, as they are.
+    from torch.utils.checkpoint import checkpoint
+
+    original = unit.forward
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        return checkpoint(original, *args, use_reentrant=False, **kwargs)
+
+    unit.forward = forward  # type: ignore[method-assign]
+
+
+def _ignored_params(model: torch.nn.Module, ignored: Any) -> set[torch.nn.Parameter]:
+    if ignored is None:
+        return set()
+    modules = [m for m in model.modules() if ignored(m)] if callable(ignored) else list(ignored)
+    return {p for m in modules for p in m.parameters()}
+
+
+def _on_meta(model: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in (*model.parameters(), *model.buffers()))

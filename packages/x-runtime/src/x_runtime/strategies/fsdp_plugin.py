@@ -1,0 +1,181 @@
+"""``FullyShardedDataParallelPlugin``: Accelerate's FSDP options, filled from the launcher's.
+
+Fields left as ``None`` take the value ``x-launch`` passed (the ``fsdp_config`` section of the
+launch config, through ``x_common.env``), then the default. FSDP1-only options in Accelerate's
+files are translated for ``fully_shard``: ``sharding_strategy`` FULL_SHARD / SHARD_GRAD_OP map
+to ``reshard_after_forward`` True / False; the others are refused with the alternative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from x_common import env
+
+__all__ = ["FullyShardedDataParallelPlugin"]
+
+_WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
+_STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT")
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+_DTYPES.update({"fp16": torch.float16, "float16": torch.float16})
+
+
+@dataclass
+class FullyShardedDataParallelPlugin:
+    """How ``prepare`` shards a model with ``fully_shard`` (FSDP2).
+
+    Args:
+        fsdp_version: 2 (1 is accepted for Accelerate's files and run as 2, see the module doc).
+        reshard_after_forward: free each unit's gathered parameters after its forward (saves
+            memory, gathers again in backward); False keeps them (ZeRO-2 like).
+        auto_wrap_policy: "transformer_based_wrap" (each module of the classes below is one
+            unit), "size_based_wrap" (units of at least ``min_num_params`` parameters),
+            "no_wrap" (the whole model is one unit), or a callable ``module -> bool``.
+        transformer_cls_names_to_wrap: class names for "transformer_based_wrap"; default the
+            model's ``_no_split_modules`` (transformers models declare their layer class there).
+        min_num_params: threshold for "size_based_wrap".
+        cpu_offload: keep sharded parameters, gradients and optimizer state in CPU memory
+            (needs an accelerator: on CPU everything is in CPU memory already).
+        mixed_precision_policy: ``torch.distributed.fsdp.MixedPrecisionPolicy`` or a dict of its
+            fields with dtypes or names ("bf16"); default from the accelerator's
+            ``mixed_precision``: parameters in that dtype, gradients reduced in float32.
+        state_dict_type: "FULL_STATE_DICT" (checkpoints hold whole tensors gathered on rank 0,
+            readable by any run) or "SHARDED_STATE_DICT" (each rank writes its shards through
+            ``torch.distributed.checkpoint``; loads into any number of processes).
+        activation_checkpointing: recompute each wrapped unit's forward in backward.
+        cpu_ram_efficient_loading: only rank 0 needs real weights; other ranks may build the
+            model on the meta device (``init_empty_weights``) and receive rank 0's weights.
+        sync_module_states: broadcast rank 0's weights and buffers while sharding.
+        ignored_modules: modules (or a callable ``module -> bool``) left out of sharding.
+    """
+
+    fsdp_version: int | None = None
+    reshard_after_forward: bool | str | None = None
+    auto_wrap_policy: str | Callable[[torch.nn.Module], bool] | None = None
+    transformer_cls_names_to_wrap: list[str] | str | None = None
+    min_num_params: int | None = None
+    cpu_offload: bool | None = None
+    mixed_precision_policy: Any = None
+    state_dict_type: str | None = None
+    activation_checkpointing: bool | None = None
+    cpu_ram_efficient_loading: bool | None = None
+    sync_module_states: bool | None = None
+    ignored_modules: Iterable[torch.nn.Module] | Callable[[torch.nn.Module], bool] | None = None
+    # FSDP1 options Accelerate's configs carry; translated or accepted as documented above.
+    sharding_strategy: str | None = None
+    backward_prefetch: str | None = None
+    forward_prefetch: bool | None = None
+    use_orig_params: bool | None = None
+    limit_all_gathers: bool | None = None
+    extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.fsdp_version is None:
+            self.fsdp_version = env.FSDP_VERSION.read()
+        if int(self.fsdp_version) not in (1, 2):
+            raise ValueError(f"fsdp_version={self.fsdp_version!r}: expected 1 or 2")
+        self._resolve_resharding()
+        if self.auto_wrap_policy is None:
+            self.auto_wrap_policy = env.FSDP_AUTO_WRAP_POLICY.read()
+        if isinstance(self.auto_wrap_policy, str):
+            policy = self.auto_wrap_policy.lower()
+            if policy not in _WRAP_POLICIES:
+                raise ValueError(
+                    f"auto_wrap_policy={self.auto_wrap_policy!r} is not one of {', '.join(_WRAP_POLICIES)} (or a callable)"
+                )
+            self.auto_wrap_policy = policy
+        if self.transformer_cls_names_to_wrap is None:
+            names = env.FSDP_TRANSFORMER_CLS_TO_WRAP.read()
+            self.transformer_cls_names_to_wrap = list(names) if names else None
+        elif isinstance(self.transformer_cls_names_to_wrap, str):
+            self.transformer_cls_names_to_wrap = [
+                n.strip() for n in self.transformer_cls_names_to_wrap.split(",") if n.strip()
+            ]
+        if self.transformer_cls_names_to_wrap and self.auto_wrap_policy is None:
+            self.auto_wrap_policy = "transformer_based_wrap"
+        if self.min_num_params is None:
+            self.min_num_params = env.FSDP_MIN_NUM_PARAMS.read()
+        if self.cpu_offload is None:
+            self.cpu_offload = env.FSDP_OFFLOAD_PARAMS.read()
+        if self.state_dict_type is None:
+            self.state_dict_type = env.FSDP_STATE_DICT_TYPE.read()
+        self.state_dict_type = str(self.state_dict_type).upper()
+        if self.state_dict_type == "LOCAL_STATE_DICT":
+            raise ValueError(
+                "state_dict_type=LOCAL_STATE_DICT exists only in FSDP1; use SHARDED_STATE_DICT (any process count "
+                "can load it) or FULL_STATE_DICT"
+            )
+        if self.state_dict_type not in _STATE_DICT_TYPES:
+            raise ValueError(f"state_dict_type={self.state_dict_type!r} is not one of {', '.join(_STATE_DICT_TYPES)}")
+        for name, var in (
+            ("activation_checkpointing", env.FSDP_ACTIVATION_CHECKPOINTING),
+            ("cpu_ram_efficient_loading", env.FSDP_CPU_RAM_EFFICIENT_LOADING),
+            ("sync_module_states", env.FSDP_SYNC_MODULE_STATES),
+        ):
+            if getattr(self, name) is None:
+                setattr(self, name, var.read())
+        if self.cpu_ram_efficient_loading and not self.sync_module_states:
+            raise ValueError(
+                "cpu_ram_efficient_loading=True needs sync_module_states=True: the other ranks get rank 0's weights "
+                "that way"
+            )
+
+    def _resolve_resharding(self) -> None:
+        strategy = self.sharding_strategy
+        if isinstance(self.reshard_after_forward, str):  # Accelerate writes FSDP1 names into this key
+            strategy, self.reshard_after_forward = self.reshard_after_forward, None
+        if strategy is None and env.FSDP_SHARDING_STRATEGY.is_set():
+            strategy = env.FSDP_SHARDING_STRATEGY.read()
+        if strategy is not None:
+            strategy = str(strategy).upper()
+            translated = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}.get(strategy)
+            if translated is None:
+                raise ValueError(
+                    f"sharding_strategy={strategy}: fully_shard runs FULL_SHARD (reshard_after_forward=True) and "
+                    "SHARD_GRAD_OP (False); for NO_SHARD use distributed_type MULTI_GPU/MULTI_CPU (DDP)"
+                )
+            if self.reshard_after_forward is not None and bool(self.reshard_after_forward) != translated:
+                raise ValueError(
+                    f"sharding_strategy={strategy} contradicts reshard_after_forward={self.reshard_after_forward}; "
+                    "give one of them"
+                )
+            self.reshard_after_forward = translated
+        if self.reshard_after_forward is None:
+            self.reshard_after_forward = env.FSDP_RESHARD_AFTER_FORWARD.read()
+        self.reshard_after_forward = bool(self.reshard_after_forward)
+
+    def mixed_precision(self, mode: str) -> Any:
+        """The ``MixedPrecisionPolicy`` for the accelerator's ``mixed_precision`` ``mode``."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = self.mixed_precision_policy
+        if isinstance(policy, MixedPrecisionPolicy):
+            return policy
+        if isinstance(policy, dict):
+            fields = {key: _dtype(key, value) for key, value in policy.items()}
+            return MixedPrecisionPolicy(**fields)
+        if isinstance(policy, (str, torch.dtype)):
+            dtype = _dtype("mixed_precision_policy", policy)
+            return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        if policy is not None:
+            raise TypeError(
+                f"mixed_precision_policy: expected a MixedPrecisionPolicy, a dict or a dtype, got {type(policy).__name__}"
+            )
+        dtype = _DTYPES.get(mode)
+        if dtype is None:
+            return MixedPrecisionPolicy()
+        # Gradients are reduced in float32: summing many bf16 gradients loses bits where it matters.
+        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def _dtype(name: str, value: Any) -> Any:
+    if value is None or isinstance(value, (torch.dtype, bool)):
+        return value
+    dtype = _DTYPES.get(str(value).lower().removeprefix("torch."))
+    if dtype is None:
+        raise ValueError(f"mixed_precision_policy {name}={value!r}: expected one of {', '.join(sorted(_DTYPES))}")
+    return dtype

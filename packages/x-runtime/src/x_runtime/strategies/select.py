@@ -1,0 +1,52 @@
+"""Which strategy runs: plugin objects given in code first, then the launcher's choice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from x_common import env
+from x_runtime.state import DistributedType, ProcessState
+from x_runtime.strategies.ddp import DDPStrategy
+
+__all__ = ["asked_strategy", "choose_strategy"]
+
+
+def asked_strategy(fsdp_plugin: Any, deepspeed_plugin: Any) -> str | None:
+    """FSDP / DEEPSPEED from the plugins or the launcher, or None.
+
+    Raises:
+        ValueError: two strategies asked at once; the message names both.
+    """
+    launched = env.DISTRIBUTED_TYPE.read()
+    given = [name for name, plugin in (("FSDP", fsdp_plugin), ("DEEPSPEED", deepspeed_plugin)) if plugin is not None]
+    if len(given) == 2:
+        raise ValueError("pass fsdp_plugin or deepspeed_plugin, not both")
+    if given and launched in (DistributedType.FSDP, DistributedType.DEEPSPEED) and launched != given[0]:
+        raise ValueError(
+            f"the launch config says distributed_type={launched} ({env.DISTRIBUTED_TYPE.name}) but the code passes "
+            f"{given[0].lower()}_plugin; make them agree"
+        )
+    if given:
+        return given[0]
+    return launched if launched in (DistributedType.FSDP, DistributedType.DEEPSPEED) else None
+
+
+def choose_strategy(
+    state: ProcessState,
+    *,
+    fsdp_plugin: Any,
+    deepspeed_plugin: Any,
+    mixed_precision: str,
+    ddp_kwargs: dict[str, Any],
+) -> DDPStrategy:
+    asked = asked_strategy(fsdp_plugin, deepspeed_plugin)
+    if asked == DistributedType.FSDP:
+        from x_runtime.strategies.fsdp import FSDPStrategy
+        from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
+
+        return FSDPStrategy(state, fsdp_plugin or FullyShardedDataParallelPlugin(), mixed_precision)
+    if asked == DistributedType.DEEPSPEED:
+        from x_runtime.strategies.deepspeed import DeepSpeedStrategy
+
+        return DeepSpeedStrategy(state, deepspeed_plugin, mixed_precision)
+    return DDPStrategy(state, ddp_kwargs=ddp_kwargs)
