@@ -107,7 +107,8 @@ def integration(session: nox.Session) -> None:
     The requires_slurm tests run on a real cluster: if none answers, integration-tests/conftest.py
     starts the local two-node one from ../shared/slurm (as root) and stops it afterwards.
     """
-    install(session, PACKAGES)
+    # transformers: strategies are checked on a real model built from its config.
+    install(session, PACKAGES, tools=(*TEST_TOOLS, "transformers"))
     run_pytest(session, "integration-tests")
 
 
