@@ -101,6 +101,19 @@ for _package in PACKAGES:
 
 
 @nox.session(python=None, tags=["ci"])
+def tests_deepspeed(session: nox.Session) -> None:
+    """x-runtime with its DeepSpeed extra: ZeRO 1-3 on 2 CPU processes, parity and checkpoints.
+
+    DeepSpeed ships as a source distribution; the shared-memory op it would JIT-compile at
+    start-up is skipped on CPU by the runtime, so no C++ build (and no extension cache) is needed.
+    """
+    runtime = next(p for p in PACKAGES if p.name == "x-runtime")
+    install(session, (runtime,), tools=(*TEST_TOOLS, "deepspeed>=0.19,<0.20"))
+    tests = Path("packages/x-runtime/tests")
+    run_pytest(session, str(tests / "test_deepspeed.py"), str(tests / "test_deepspeed_config.py"))
+
+
+@nox.session(python=None, tags=["ci"])
 def integration(session: nox.Session) -> None:
     """Every package together, real processes, integration-tests/.
 

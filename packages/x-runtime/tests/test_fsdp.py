@@ -35,7 +35,7 @@ def runs(tmp_path_factory, launch) -> dict:
         out, project = root / name, root / f"{name}-project"
         out.mkdir()
         project.mkdir(exist_ok=True)
-        launch("fsdp_worker.py", nprocs, str(out), str(project), *args, env=extra)
+        launch("sharded_worker.py", nprocs, str(out), str(project), *args, env=extra)
         results[name] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nprocs)]
         results[name + ":project"] = project
 
@@ -50,7 +50,7 @@ def runs(tmp_path_factory, launch) -> dict:
         (resumed / "ckpt").symlink_to(project / "ckpt")
         out = root / f"{name}-resume"
         out.mkdir()
-        launch("fsdp_worker.py", 2, str(out), str(resumed), "0", "0", "resume", env=extra)
+        launch("sharded_worker.py", 2, str(out), str(resumed), "0", "0", "resume", env=extra)
         results[name + "-resume"] = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
     return results
 
@@ -151,7 +151,7 @@ def test_sharded_checkpoint_from_two_processes_resumes_on_one(runs, tmp_path, la
     (project / "ckpt").symlink_to(runs["sharded:project"] / "ckpt")
     one = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     extra = {**FSDP, env.FSDP_STATE_DICT_TYPE.name: "SHARDED_STATE_DICT", **one}
-    launch("fsdp_worker.py", 1, str(tmp_path), str(project), "0", "0", "resume", env=extra)
+    launch("sharded_worker.py", 1, str(tmp_path), str(project), "0", "0", "resume", env=extra)
     alone = json.loads((tmp_path / "rank0.json").read_text())
     assert alone["ranks"] == 1 and alone["param_type"] == "DTensor"
     difference = (_flat(alone["weights"]) - _flat(runs["sharded"][0]["weights"])).abs().max().item()

@@ -171,6 +171,9 @@ SLURM_STEP_NODELIST = EnvVar("SLURM_STEP_NODELIST", Str(), None, "hosts of the s
 CUDA_VISIBLE_DEVICES = EnvVar("CUDA_VISIBLE_DEVICES", Str(), None, "CUDA devices this process sees")
 PJRT_DEVICE = EnvVar("PJRT_DEVICE", Choice(("TPU", "CPU", "CUDA", "NEURON")), None, "torch_xla runtime device")
 CPU_NUM_DEVICES = EnvVar("CPU_NUM_DEVICES", Int(minimum=1), None, "torch_xla virtual CPU devices")
+DS_ACCELERATOR = EnvVar(
+    "DS_ACCELERATOR", Str(), None, "DeepSpeed's accelerator (cpu, cuda, ...), read when it is imported"
+)
 HF_TOKEN = EnvVar("HF_TOKEN", Str(), None, "Hugging Face token for gated and private repos")
 XDG_CACHE_HOME = EnvVar("XDG_CACHE_HOME", Str(), None, "where per-user caches live (default ~/.cache)")
 XDG_CONFIG_HOME = EnvVar("XDG_CONFIG_HOME", Str(), None, "where per-user config files live (default ~/.config)")

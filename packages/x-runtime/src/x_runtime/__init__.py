@@ -34,6 +34,7 @@ from x_runtime.memory import find_executable_batch_size, free_memory, release_me
 from x_runtime.nested import send_to_device
 from x_runtime.random_state import set_seed
 from x_runtime.state import DistributedType
+from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
 from x_runtime.strategies.dynamo import TorchDynamoPlugin
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 
@@ -42,6 +43,7 @@ __all__ = [
     "Accelerator",
     "AutocastKwargs",
     "DataLoaderConfiguration",
+    "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedType",
     "FullyShardedDataParallelPlugin",

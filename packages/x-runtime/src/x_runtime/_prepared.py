@@ -61,6 +61,8 @@ def _unwrap(model: Any, *, keep_torch_compile: bool = False, through_ddp: bool =
     compiled = model if hasattr(model, "_orig_mod") else None
     if compiled is not None:
         model = compiled._orig_mod
+    if type(model).__name__ == "DeepSpeedEngine":
+        return model.module
     if isinstance(model, DistributedDataParallel):
         if not through_ddp:
             return model

@@ -233,6 +233,7 @@ class Accelerator:
         order = sorted(range(len(args)), key=lambda i: _kind_order(args[i]))
         for index in order:
             result[index] = self._prepare_one(args[index], device_placement[index])
+        result = self.strategy.finish_prepare(result, self)  # DeepSpeed builds its engine here
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
@@ -313,7 +314,6 @@ class Accelerator:
         return prepared
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """A loader yielding ``dataloader``'s current epoch without its first ``num_batches``."""
         return _skip_first_batches(dataloader, num_batches)
 
     def unwrap_model(
@@ -328,7 +328,7 @@ class Accelerator:
     # --- the step --------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """``loss.backward()`` divided over accumulation steps, scaled under fp16."""
-        if self.gradient_state.num_steps > 1:
+        if self.gradient_state.num_steps > 1 and not self.strategy.scales_loss_for_accumulation:
             loss = loss / self.gradient_state.num_steps
         self.strategy.backward(loss, self.precision.scaler, **kwargs)
 

@@ -34,6 +34,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self._step_was_skipped = False
         self._unscaled = False
+        self.steps_in_backward = False  # DeepSpeed: the engine steps and zeroes inside backward
         if device is not None and optimizer.state:
             # Optimizer state created before prepare lives where the model was; move it along.
             optimizer.load_state_dict(nested.send_to_device(optimizer.state_dict(), device))
@@ -72,7 +73,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.gradient_state.sync_gradients:
+        if self.gradient_state.sync_gradients and not self.steps_in_backward:
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def unscale(self) -> None:
@@ -82,7 +83,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self._unscaled = True
 
     def step(self, closure: Any = None) -> Any:
-        if not self.gradient_state.sync_gradients:
+        if not self.gradient_state.sync_gradients or self.steps_in_backward:
             return None
         self._unscaled = False
         if self.scaler is None:

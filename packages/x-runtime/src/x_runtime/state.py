@@ -33,7 +33,7 @@ class DistributedType:
     XLA = "XLA"
 
 
-_NOT_YET = (DistributedType.DEEPSPEED, DistributedType.XLA)
+_NOT_YET = (DistributedType.XLA,)
 # Sharding strategies need a process group even when the launcher started a single process.
 _SHARDED = (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
@@ -78,8 +78,8 @@ class ProcessState:
         asked = env.DISTRIBUTED_TYPE.read(environ)
         if asked in _NOT_YET:
             raise ValueError(
-                f"{env.DISTRIBUTED_TYPE.name}={asked}: x_runtime runs NO, MULTI_CPU, MULTI_GPU, MULTI_XPU and FSDP; "
-                "set distributed_type to MULTI_CPU or MULTI_GPU in the launch config (x-launch config)"
+                f"{env.DISTRIBUTED_TYPE.name}={asked}: x_runtime runs NO, MULTI_CPU, MULTI_GPU, MULTI_XPU, FSDP and DEEPSPEED; "
+                "choose one of them in the launch config (x-launch config)"
             )
         device = _pick_device(cpu, where.local_rank)
         distributed_type = _distributed_type(where, device)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from _helpers import rank, report
-from fsdp_worker import Net
+from sharded_worker import Net
 from torch import nn
 
 from x_runtime import Accelerator, FullyShardedDataParallelPlugin, set_seed

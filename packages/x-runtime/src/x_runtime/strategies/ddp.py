@@ -24,6 +24,7 @@ class DDPStrategy:
     """Plain PyTorch: the model as it is, wrapped in DDP when several processes train it."""
 
     distributed_type: str | None = None  # None keeps what the process state inferred
+    scales_loss_for_accumulation = False  # True: backward divides by the accumulation steps itself
 
     def __init__(self, state: ProcessState, *, ddp_kwargs: dict[str, Any] | None = None):
         self.state = state
@@ -42,6 +43,10 @@ class DDPStrategy:
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optimizer
+
+    def finish_prepare(self, result: list[Any], accelerator: Any) -> list[Any]:
+        """Called with everything one ``prepare`` call returns, before it returns."""
+        return result
 
     # --- the step ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None, **kwargs: Any) -> None:

@@ -1,6 +1,6 @@
-"""Trains a small layer-stacked model; FSDP or not is decided by the launcher variables.
+"""Trains a small layer-stacked model; FSDP, DeepSpeed or plain is decided by the launcher variables.
 
-    fsdp_worker.py OUT PROJECT SAVE_AT STOP_AT [resume]
+    sharded_worker.py OUT PROJECT SAVE_AT STOP_AT [resume]
 
 Saves a checkpoint at micro-step SAVE_AT (0: never) into PROJECT/ckpt, stops after STOP_AT
 micro-steps (0: run all epochs), or first loads PROJECT/ckpt and continues when "resume" is
