@@ -92,6 +92,7 @@ def _namespace() -> dict[str, Any]:
         "write": write,
         "truncate": truncate,
         "Accelerator": x_runtime.Accelerator,
+        "x_runtime": x_runtime,
     }
     namespace.update({name: getattr(x_bigmodel, name) for name in x_bigmodel.__all__})
     return namespace
