@@ -156,3 +156,19 @@ def test_sharded_checkpoint_from_two_processes_resumes_on_one(runs, tmp_path, la
     assert alone["ranks"] == 1 and alone["param_type"] == "DTensor"
     difference = (_flat(alone["weights"]) - _flat(runs["sharded"][0]["weights"])).abs().max().item()
     assert difference < 1e-5, difference
+
+
+def test_one_process_started_by_x_launch_shards_over_a_world_of_one(inline_worker, workers) -> None:
+    # x-launch --num_processes 1 runs the script directly (no torchrun, no RANK): X_LAUNCHED says so.
+    script = inline_worker(
+        """
+        import torch
+        from _helpers import report
+        from x_runtime import Accelerator
+        accelerator = Accelerator(cpu=True)
+        model = accelerator.prepare(torch.nn.Linear(4, 2))
+        report({"type": accelerator.distributed_type, "param": type(next(model.parameters())).__name__})
+        """
+    )
+    extra = {env.LAUNCHED_BY_X.name: "1", env.DISTRIBUTED_TYPE.name: "FSDP"}
+    assert workers(script, 1, env=extra) == [{"type": "FSDP", "param": "DTensor"}]

@@ -81,8 +81,8 @@ class Accelerator:
         dynamo_backend: ``torch.compile`` backend for prepared models ("no" to disable).
         dynamo_plugin: ``TorchDynamoPlugin`` (mode, fullgraph, regional compilation); not with
             ``dynamo_backend``.
-        fsdp_plugin / deepspeed_plugin: shard the model with FSDP2 or DeepSpeed; without them
-            the launcher's ``distributed_type`` decides.
+        fsdp_plugin: shard the model with FSDP2 (else the launcher's ``distributed_type``).
+        deepspeed_plugin: train through a DeepSpeed engine (ZeRO stages 0-3).
 
     Examples:
         >>> import torch

@@ -83,7 +83,9 @@ class ProcessState:
             )
         device = _pick_device(cpu, where.local_rank)
         distributed_type = _distributed_type(where, device)
-        joins = where.is_distributed or ((sharded or asked in _SHARDED) and where.source != "single")
+        # x-launch runs one process without torchrun, so no RANK: its contract flag stands in.
+        launched = where.source != "single" or env.LAUNCHED_BY_X.read(environ)
+        joins = where.is_distributed or ((sharded or asked in _SHARDED) and launched)
         chosen_backend = backend or _default_backend(device) if joins else None
         state = cls(
             rank=where.rank,
@@ -116,6 +118,11 @@ class ProcessState:
             init_method = f"tcp://{where.master_addr}:{where.master_port}"
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        if init_method is None and where.source == "single":
+            # A world of one needs no rendezvous: an in-process store, no port to find.
+            dist.init_process_group(backend=self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            self.owns_process_group = True
+            return
         dist.init_process_group(
             backend=self.backend,
             init_method=init_method,

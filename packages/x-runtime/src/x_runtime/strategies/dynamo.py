@@ -1,9 +1,9 @@
 """``torch.compile`` of the prepared model: whole, or region by region.
 
 Regional compilation compiles each block of a repeated stack (the children of a ``ModuleList``
-that share one class, e.g. transformer layers) in place with ``Module.compile``: one
-compilation serves every block, so start-up is a fraction of compiling the whole model, and
-parameter names, ``state_dict`` keys and checkpoints stay exactly as without compilation.
+that share one class, e.g. transformer layers) in place with ``Module.compile``: one graph
+serves every block (the cost no longer grows with depth), and parameter names, ``state_dict``
+keys and checkpoints stay exactly as without compilation.
 """
 
 from __future__ import annotations
