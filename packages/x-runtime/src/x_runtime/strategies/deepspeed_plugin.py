@@ -26,7 +26,8 @@ class DeepSpeedPlugin:
         zero_stage: 0-3 (used when no config is given, or filled into its "auto").
         gradient_accumulation_steps: defaults to the accelerator's.
         gradient_clipping: max gradient norm DeepSpeed clips to (None: no clipping).
-        offload_optimizer_device / offload_param_device: "none", "cpu" or "nvme".
+        offload_optimizer_device: where optimizer state lives: "none", "cpu" or "nvme".
+        offload_param_device: where ZeRO-3 parameters live: "none", "cpu" or "nvme".
         zero3_init_flag: build the model partitioned (``deepspeed.zero.Init``) under ZeRO-3.
         zero3_save_16bit_model: gather 16-bit weights when saving a ZeRO-3 model.
     """
