@@ -43,6 +43,8 @@ FOREIGN_NAMES = {
     "CUDA_VISIBLE_DEVICES",
     "PJRT_DEVICE",
     "CPU_NUM_DEVICES",
+    # DeepSpeed
+    "DS_ACCELERATOR",
     "HF_TOKEN",
     "XDG_CACHE_HOME",
     "XDG_CONFIG_HOME",
