@@ -1,4 +1,5 @@
-"""A real SLURM cluster for the tests marked ``requires_slurm``.
+"""A real SLURM cluster for the tests marked ``requires_slurm``; a clean environment for the
+processes tests start.
 
 When such a test is collected and no SLURM answers, the local test cluster from
 ``../shared/slurm`` (beside the repository) is started with two nodes on this host, before any
@@ -13,9 +14,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from x_common import env
 
 SLURM_SCRIPTS = Path(__file__).resolve().parents[1].parent / "shared" / "slurm"
 NODES = 2
@@ -73,3 +77,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_unconfigure(config: pytest.Config) -> None:
     if config.stash.get(_STARTED, False):
         subprocess.run(["bash", str(SLURM_SCRIPTS / "stop-local-slurm.sh")], capture_output=True, timeout=120)
+
+
+def _launch_env(root: Path) -> dict[str, str]:
+    names = (env.PREFIX, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_", "SLURM_")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith((*names, "TORCHELASTIC_"))}
+    clean.update(
+        HOME=str(root / "home"),
+        XDG_CONFIG_HOME=str(root / "cfg"),
+        XDG_CACHE_HOME=str(root / "cache"),
+        HF_HOME=str(root / "hf"),
+        OMP_NUM_THREADS="1",
+    )
+    return clean
+
+
+@pytest.fixture(scope="session")
+def launch_env() -> Callable[[Path], dict[str, str]]:
+    """``launch_env(root)``: this environment without launcher, rank or SLURM variables, every
+    home and config folder under ``root``, one thread per process."""
+    return _launch_env

@@ -27,25 +27,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from x_common import env
 from x_runtime.checkpointing import MANIFEST, latest_checkpoint, resolve_checkpoint
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
 
 WORKERS = Path(__file__).resolve().parent / "workers"
-
-
-def _clean_env(tmp_path: Path) -> dict[str, str]:
-    names = (env.PREFIX, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_", "SLURM_")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith((*names, "TORCHELASTIC_"))}
-    clean.update(
-        HOME=str(tmp_path / "home"),
-        XDG_CONFIG_HOME=str(tmp_path / "cfg"),
-        XDG_CACHE_HOME=str(tmp_path / "cache"),
-        HF_HOME=str(tmp_path / "hf"),
-        OMP_NUM_THREADS="1",
-    )
-    return clean
 
 
 def _x_launch(processes: int, worker: str, *args: str | Path) -> list[str]:
@@ -138,11 +124,11 @@ class Job:
 
 
 @pytest.fixture
-def start(tmp_path: Path) -> Iterator:
+def start(tmp_path: Path, launch_env) -> Iterator:
     jobs: list[Job] = []
 
     def go(argv: list[str], name: str) -> Job:
-        job = Job(argv, _clean_env(tmp_path), tmp_path / "logs" / name)
+        job = Job(argv, launch_env(tmp_path), tmp_path / "logs" / name)
         jobs.append(job)
         return job
 
@@ -151,8 +137,8 @@ def start(tmp_path: Path) -> Iterator:
         job.kill_everything()
 
 
-def _run(argv: list[str], tmp_path: Path, timeout: float = 180) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, env=_clean_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+def _run(argv: list[str], environ: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{argv} exited {result.returncode}:\n{result.stderr[-3000:]}"
     return result
 
@@ -165,11 +151,11 @@ def _wait_gone(pids: set[int], sessions: set[int], within: float) -> set[int]:
 
 
 # --- 1. parity across world sizes -------------------------------------------------------------
-def test_one_two_and_three_processes_end_with_the_same_weights(tmp_path: Path) -> None:
+def test_one_two_and_three_processes_end_with_the_same_weights(tmp_path: Path, launch_env) -> None:
     results = {}
     for processes in (1, 2, 3):
         out = tmp_path / f"weights-{processes}.safetensors"
-        run = _run(_x_launch(processes, "train_parity.py", out), tmp_path)
+        run = _run(_x_launch(processes, "train_parity.py", out), launch_env(tmp_path))
         seen = sorted(re.findall(r"rank (\d+): world size (\d+)", run.stdout))
         assert seen == [(str(rank), str(processes)) for rank in range(processes)], run.stdout
         assert "steps 40: loss" in run.stdout
@@ -191,10 +177,14 @@ def test_one_two_and_three_processes_end_with_the_same_weights(tmp_path: Path) -
 
 
 # --- 2. SIGKILL inside save_state, then resume --------------------------------------------------
-def test_a_kill_inside_save_state_leaves_the_previous_checkpoint_and_resumes_exactly(start, tmp_path: Path) -> None:
+def test_a_kill_inside_save_state_leaves_the_previous_checkpoint_and_resumes_exactly(
+    start, tmp_path: Path, launch_env
+) -> None:
     worker = "train_checkpoints.py"
     # 2 processes x 8 batches of 8 per epoch, 3 epochs: 24 steps, checkpoint_<n> after step 5(n+1).
-    reference = _run(_x_launch(2, worker, tmp_path / "reference", tmp_path / "reference.safetensors"), tmp_path)
+    reference = _run(
+        _x_launch(2, worker, tmp_path / "reference", tmp_path / "reference.safetensors"), launch_env(tmp_path)
+    )
     assert "trained 24 steps" in reference.stdout
     assert sorted(os.listdir(tmp_path / "reference" / "checkpoints")) == [f"checkpoint_{n}" for n in (1, 2, 3)]
 
@@ -221,7 +211,7 @@ def test_a_kill_inside_save_state_leaves_the_previous_checkpoint_and_resumes_exa
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         resolve_checkpoint(partial)
 
-    resumed = _run(_x_launch(2, worker, project, tmp_path / "resumed.safetensors", "--resume"), tmp_path)
+    resumed = _run(_x_launch(2, worker, project, tmp_path / "resumed.safetensors", "--resume"), launch_env(tmp_path))
     seen = sorted(re.findall(r"rank (\d+): resumed from (\S+) at step (\d+)", resumed.stdout))
     assert seen == [(str(rank), "checkpoint_1", "10") for rank in (0, 1)], resumed.stdout
     assert "trained 24 steps" in resumed.stdout

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
-
-from x_common import env
 
 WORKER = """
 import json, sys
@@ -24,23 +21,16 @@ a.end_training()
 """
 
 
-def _clean_env(tmp_path: Path) -> dict[str, str]:
-    names = (env.PREFIX, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(names)}
-    clean.update(XDG_CONFIG_HOME=str(tmp_path / "cfg"), HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
-    return clean
-
-
 def _x_launch() -> str:
     return str(Path(sys.executable).with_name("x-launch"))
 
 
-def test_launch_options_reach_the_accelerator_on_every_rank(tmp_path: Path) -> None:
+def test_launch_options_reach_the_accelerator_on_every_rank(tmp_path: Path, launch_env) -> None:
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     argv = [_x_launch(), "--num_processes", "3", "--cpu", "--mixed_precision", "bf16"]
     argv += ["--gradient_accumulation_steps", "4", str(worker), str(tmp_path)]
-    result = subprocess.run(argv, env=_clean_env(tmp_path), capture_output=True, text=True, timeout=240)
+    result = subprocess.run(argv, env=launch_env(tmp_path), capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     for rank, report in enumerate(reports):
@@ -55,11 +45,11 @@ def test_launch_options_reach_the_accelerator_on_every_rank(tmp_path: Path) -> N
         }
 
 
-def test_examples_train_on_two_processes_and_resume_exactly(tmp_path: Path) -> None:
+def test_examples_train_on_two_processes_and_resume_exactly(tmp_path: Path, launch_env) -> None:
     example = Path(__file__).resolve().parents[1] / "examples" / "train.py"
     argv = [_x_launch(), "--num_processes", "2", "--cpu", str(example), "--epochs", "2"]
     argv += ["--project-dir", str(tmp_path / "runs")]
-    result = subprocess.run(argv, env=_clean_env(tmp_path), capture_output=True, text=True, timeout=300)
+    result = subprocess.run(argv, env=launch_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.splitlines()
     assert [line.split(":")[0] for line in lines if line.startswith("epoch")] == ["epoch 0", "epoch 1", "epoch 1"]
@@ -67,7 +57,7 @@ def test_examples_train_on_two_processes_and_resume_exactly(tmp_path: Path) -> N
     assert lines[-1] == "resumed run ends with the same weights as the uninterrupted one"
 
 
-def test_two_x_launch_invocations_with_two_machines_form_one_world_of_four(tmp_path: Path) -> None:
+def test_two_x_launch_invocations_with_two_machines_form_one_world_of_four(tmp_path: Path, launch_env) -> None:
     import socket
 
     worker = tmp_path / "worker.py"
@@ -79,7 +69,7 @@ def test_two_x_launch_invocations_with_two_machines_form_one_world_of_four(tmp_p
     machines = [
         subprocess.Popen(
             [_x_launch(), *common, "--machine_rank", rank, "--main_process_port", port, str(worker), str(tmp_path)],
-            env=_clean_env(tmp_path),
+            env=launch_env(tmp_path),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -4,7 +4,6 @@ runtime shards a real transformers model, training exactly like one plain proces
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from x_common import env
 
 WORKERS = Path(__file__).parent / "workers"
 
@@ -47,19 +44,12 @@ use_cpu: true
 """
 
 
-def _clean_env(tmp_path: Path) -> dict[str, str]:
-    names = (env.PREFIX, "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_", "SLURM_")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(names)}
-    clean.update(XDG_CONFIG_HOME=str(tmp_path / "cfg"), HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
-    return clean
-
-
 def _flat(weights: dict) -> torch.Tensor:
     return torch.cat([torch.tensor(weights[k]) for k in sorted(weights)])
 
 
 @pytest.fixture(scope="module")
-def llama_runs(tmp_path_factory) -> dict:
+def llama_runs(tmp_path_factory, launch_env) -> dict:
     pytest.importorskip("transformers")
     root = tmp_path_factory.mktemp("llama")
     reports = {}
@@ -74,7 +64,7 @@ def llama_runs(tmp_path_factory) -> dict:
             config = root / "fsdp.yaml"
             config.write_text(FSDP_CONFIG)
             argv = [str(Path(sys.executable).with_name("x-launch")), "--config_file", str(config), *script]
-        result = subprocess.run(argv, env=_clean_env(root), capture_output=True, text=True, timeout=300)
+        result = subprocess.run(argv, env=launch_env(root), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-4000:]
         reports[name] = json.loads((out / "report.json").read_text())
         reports[name + ":project"] = project

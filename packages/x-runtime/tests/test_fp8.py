@@ -28,7 +28,7 @@ def test_fp8_from_the_launcher_is_refused_the_same_way(monkeypatch) -> None:
 
 def test_transformer_engine_recipe_names_the_supported_one() -> None:
     with pytest.raises(ValueError, match=r"x_runtime runs fp8 through torchao; pass AORecipeKwargs\(\)"):
-        fp8_recipe([TERecipeKwargs(fp8_format="HYBRID")])
+        fp8_recipe(TERecipeKwargs(fp8_format="HYBRID"))
 
 
 def test_recipe_handlers_are_accepted_by_the_accelerator_without_fp8() -> None:

@@ -117,7 +117,7 @@ class Accelerator:
         dynamo_backend: str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
     ):
-        sharded = asked_strategy(fsdp_plugin, deepspeed_plugin) is not None
+        asked = asked_strategy(fsdp_plugin, deepspeed_plugin)
         for rng in rng_types or []:
             if str(rng) not in _RNG_TYPES:
                 raise ValueError(f"rng_types: {rng!r} is not one of {', '.join(_RNG_TYPES)}")
@@ -131,10 +131,10 @@ class Accelerator:
 
         init = self.handlers.init
         self.state = ProcessState.from_environment(
-            cpu=cpu, backend=init.backend, init_method=init.init_method, timeout=init.timeout, sharded=sharded
+            cpu=cpu, backend=init.backend, init_method=init.init_method, timeout=init.timeout, sharded=asked is not None
         )
         mode = env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision)
-        self.fp8_recipe = fp8_recipe_for(mode, self.state.device, kwargs_handlers)
+        self.fp8_recipe = fp8_recipe_for(mode, self.state.device, self.handlers.fp8)
         self.precision = Precision(
             mode,
             self.state.device,
@@ -143,6 +143,7 @@ class Accelerator:
         )
         self.strategy = choose_strategy(
             self.state,
+            asked,
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugin,
             mixed_precision=self.precision.mode,

@@ -34,7 +34,15 @@ from x_runtime.atomic import partial_dir_for, replace_dir, write_file_atomic
 from x_runtime.random_state import capture_rng_state, restore_rng_state
 from x_runtime.state import ProcessState
 
-__all__ = ["CheckpointParts", "latest_checkpoint", "load_checkpoint", "prune_checkpoints", "save_checkpoint"]
+__all__ = [
+    "CheckpointParts",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "save_checkpoint",
+    "torch_load",
+    "torch_save",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,14 +61,7 @@ class CheckpointParts:
     dataloaders: list[Any] = field(default_factory=list)
     custom: list[Any] = field(default_factory=list)
     scaler: torch.amp.GradScaler | None = None
-    strategy: Any = None  # writes and reads model and optimizer files (strategies.ddp by default)
-
-    def io(self) -> Any:
-        if self.strategy is None:
-            from x_runtime.strategies.ddp import DDPStrategy
-
-            raise ValueError(f"CheckpointParts.strategy is unset; pass a strategy such as {DDPStrategy.__name__}")
-        return self.strategy
+    strategy: Any = None  # writes and reads model and optimizer files (a strategies.ddp.DDPStrategy or subclass)
 
     def owner(self, optimizer: Any) -> torch.nn.Module | None:
         """The model whose parameters ``optimizer`` updates (sharded strategies need the pair)."""
@@ -72,11 +73,13 @@ def _name(stem: str, index: int, suffix: str) -> str:
     return f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}"
 
 
-def _torch_save(obj: Any, path: Path) -> None:
+def torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` written atomically (a crash never leaves half a file)."""
     write_file_atomic(path, lambda tmp: torch.save(obj, tmp))
 
 
-def _torch_load(path: Path) -> Any:
+def torch_load(path: Path) -> Any:
+    """Read a ``torch_save`` file on CPU without running pickled code."""
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
@@ -90,7 +93,7 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
             shutil.rmtree(partial)  # left by a save that crashed; never a complete checkpoint
         partial.mkdir(parents=True)
     state.wait_for_everyone()
-    io = parts.io()
+    io = parts.strategy
     layouts = {
         "models": [io.save_model_files(partial, _name("model", i, ""), m) for i, m in enumerate(parts.models)],
         "optimizers": [
@@ -100,14 +103,14 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
     }
     if state.is_main_process:
         for index, scheduler in enumerate(parts.schedulers):
-            _torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
+            torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
         if parts.scaler is not None:
-            _torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
+            torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
         for index, obj in enumerate(parts.custom):
-            _torch_save(obj.state_dict(), partial / f"custom_checkpoint_{index}.bin")
+            torch_save(obj.state_dict(), partial / f"custom_checkpoint_{index}.bin")
         loaders = [loader.state_dict() for loader in parts.dataloaders]
         write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
-    _torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")
+    torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")
     state.wait_for_everyone()
     if state.is_main_process:
         manifest = {
@@ -168,7 +171,7 @@ def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *
                 f"{folder} holds {manifest[kind]} {kind} but {have} are prepared/registered; "
                 "prepare the same objects in the same order as the run that saved it"
             )
-    io = parts.io()
+    io = parts.strategy
     layouts = manifest.get("layouts", {})
     for index, model in enumerate(parts.models):
         record = _record(layouts, "models", index)
@@ -177,17 +180,17 @@ def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *
         record = _record(layouts, "optimizers", index)
         io.load_optimizer_files(folder, _name("optimizer", index, ""), optimizer, parts.owner(optimizer), record)
     for index, scheduler in enumerate(parts.schedulers):
-        scheduler.load_state_dict(_torch_load(folder / _name("scheduler", index, ".bin")))
+        scheduler.load_state_dict(torch_load(folder / _name("scheduler", index, ".bin")))
     if parts.scaler is not None and (folder / "scaler.bin").is_file():
-        parts.scaler.load_state_dict(_torch_load(folder / "scaler.bin"))
+        parts.scaler.load_state_dict(torch_load(folder / "scaler.bin"))
     for index, obj in enumerate(parts.custom):
-        obj.load_state_dict(_torch_load(folder / f"custom_checkpoint_{index}.bin"))
+        obj.load_state_dict(torch_load(folder / f"custom_checkpoint_{index}.bin"))
     loaders = json.loads((folder / "dataloaders.json").read_text())
     for loader, loader_state in zip(parts.dataloaders, loaders, strict=True):
         loader.load_state_dict(loader_state)
     rng = folder / f"random_states_{state.rank}.bin"
     if rng.is_file():
-        restore_rng_state(_torch_load(rng))
+        restore_rng_state(torch_load(rng))
     else:
         logger.warning(
             "%s has no random state for rank %d (saved with %d processes); random draws will differ",

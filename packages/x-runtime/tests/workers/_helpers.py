@@ -18,3 +18,16 @@ def report(data: dict, out_dir: str | None = None) -> None:
     tmp = folder / f".rank{rank()}.json.tmp"
     tmp.write_text(json.dumps(data))
     tmp.replace(folder / f"rank{rank()}.json")
+
+
+class Counter:
+    """Micro-steps taken, saved and restored with the checkpoint (register_for_checkpointing)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]

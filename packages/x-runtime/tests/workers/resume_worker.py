@@ -15,23 +15,12 @@ import signal
 import sys
 
 import torch
-from _helpers import report
+from _helpers import Counter, report
 from torch.utils.data import DataLoader, TensorDataset
 
 from x_runtime import Accelerator, ProjectConfiguration, set_seed
 
 EPOCHS = 3
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def state_dict(self) -> dict:
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.steps = state["steps"]
 
 
 def main() -> None:

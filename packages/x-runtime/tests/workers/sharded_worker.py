@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import torch
-from _helpers import report
+from _helpers import Counter, report
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -48,17 +48,6 @@ class Net(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.out(h)
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.steps = 0
-
-    def state_dict(self) -> dict:
-        return {"steps": self.steps}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.steps = state["steps"]
 
 
 def main() -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from x_runtime.checkpointing import torch_load, torch_save
 from x_runtime.model_files import load_tensors_file, save_tensors_file
 from x_runtime.state import ProcessState
 
@@ -85,12 +86,12 @@ class DDPStrategy:
 
     def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
         if self.state.is_main_process:
-            _torch_save(optimizer.state_dict(), folder / f"{name}.bin")
+            torch_save(optimizer.state_dict(), folder / f"{name}.bin")
         return {"layout": "full"}
 
     def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:
         _refuse_layout(record, "full", folder)
-        optimizer.load_state_dict(_torch_load(folder / f"{name}.bin"))
+        optimizer.load_state_dict(torch_load(folder / f"{name}.bin"))
 
 
 def _refuse_layout(record: dict, expected: str, folder: Path) -> None:
@@ -100,16 +101,6 @@ def _refuse_layout(record: dict, expected: str, folder: Path) -> None:
             f"{folder} holds {layout} ({record.get('strategy', 'another strategy')}) weights but this run reads "
             f"{expected} ones; resume with the strategy that saved it"
         )
-
-
-def _torch_save(obj: Any, path: Path) -> None:
-    from x_runtime.atomic import write_file_atomic
-
-    write_file_atomic(path, lambda tmp: torch.save(obj, tmp))
-
-
-def _torch_load(path: Path) -> Any:
-    return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def check_shapes(path: Path, saved: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:

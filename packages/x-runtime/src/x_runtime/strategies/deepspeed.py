@@ -138,7 +138,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     # --- weights -----------------------------------------------------------------------------
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        engine = self.engines.get(id(model)) or self.engines.get(id(getattr(model, "module", None)))
+        engine = self._find_engine(model)
         if engine is None or self.plugin.zero_stage < 3:
             return (engine.module if engine is not None else model).state_dict()
         import deepspeed
@@ -149,8 +149,12 @@ class DeepSpeedStrategy(DDPStrategy):
                 return {}
             return {k: v.detach().clone().cpu() for k, v in engine.module.state_dict().items()}
 
+    def _find_engine(self, model: torch.nn.Module) -> Any:
+        # The user's module, or the engine itself (whose .module is the user's module).
+        return self.engines.get(id(model)) or self.engines.get(id(getattr(model, "module", None)))
+
     def _engine_of(self, model: torch.nn.Module) -> Any:
-        engine = self.engines.get(id(model)) or self.engines.get(id(getattr(model, "module", None)))
+        engine = self._find_engine(model)
         if engine is None:
             raise ValueError("DeepSpeed: this model was not prepared by this accelerator")
         return engine

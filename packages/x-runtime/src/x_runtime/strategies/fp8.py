@@ -21,20 +21,17 @@ __all__ = ["AORecipeKwargs", "TERecipeKwargs", "apply_fp8", "check_fp8", "fp8_re
 _MIN_CAPABILITY = (8, 9)
 
 
-def fp8_recipe(handlers: list[Any] | None) -> AORecipeKwargs:
-    """The torchao recipe among ``kwargs_handlers`` (default one if none).
+def fp8_recipe(handler: AORecipeKwargs | TERecipeKwargs | None) -> AORecipeKwargs:
+    """The torchao recipe given in ``kwargs_handlers`` (a default one if none).
 
     Raises:
         ValueError: a Transformer Engine recipe was given.
     """
-    for handler in handlers or []:
-        if isinstance(handler, TERecipeKwargs):
-            raise ValueError(
-                "TERecipeKwargs: x_runtime runs fp8 through torchao; pass AORecipeKwargs() (pip install torchao)"
-            )
-        if isinstance(handler, AORecipeKwargs):
-            return handler
-    return AORecipeKwargs()
+    if isinstance(handler, TERecipeKwargs):
+        raise ValueError(
+            "TERecipeKwargs: x_runtime runs fp8 through torchao; pass AORecipeKwargs() (pip install torchao)"
+        )
+    return handler or AORecipeKwargs()
 
 
 def check_fp8(device: torch.device) -> None:
@@ -81,10 +78,10 @@ def apply_fp8(model: torch.nn.Module, recipe: AORecipeKwargs) -> torch.nn.Module
     return model
 
 
-def fp8_recipe_for(mode: str, device: torch.device, handlers: list[Any] | None) -> AORecipeKwargs | None:
+def fp8_recipe_for(mode: str, device: torch.device, handler: Any) -> AORecipeKwargs | None:
     """The recipe to apply when ``mode`` is "fp8" (checked against ``device``), else None."""
     if str(mode).lower() != "fp8":
         return None
-    recipe = fp8_recipe(handlers)
+    recipe = fp8_recipe(handler)
     check_fp8(device)
     return recipe

@@ -23,9 +23,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from x_runtime.checkpointing import torch_load, torch_save
 from x_runtime.model_files import load_tensors_file, save_tensors_file
 from x_runtime.state import ProcessState
-from x_runtime.strategies.ddp import DDPStrategy, _refuse_layout, _torch_load, _torch_save, check_shapes
+from x_runtime.strategies.ddp import DDPStrategy, _refuse_layout, check_shapes
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 
 __all__ = ["FSDPStrategy", "wrap_units"]
@@ -95,13 +96,13 @@ class FSDPStrategy(DDPStrategy):
         if on_meta:
             model.to_empty(device=self.state.device)
         if plugin.sync_module_states:
-            self._sync_from_rank0(model, full, on_meta)
+            self._sync_from_rank0(model, full)
         for old, new in zip(before, model.parameters(), strict=True):
             if old is not new:
                 self._moved[id(old)] = (weakref.ref(old), new)
         return model
 
-    def _sync_from_rank0(self, model: torch.nn.Module, full: dict[str, torch.Tensor], on_meta: bool) -> None:
+    def _sync_from_rank0(self, model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
@@ -196,7 +197,7 @@ class FSDPStrategy(DDPStrategy):
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_optimizer_state_dict(model, inner, options=options)
         if self.state.is_main_process:
-            _torch_save(state, folder / f"{name}.bin")
+            torch_save(state, folder / f"{name}.bin")
         return {"layout": "full", "strategy": "FSDP"}
 
     def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:
@@ -214,7 +215,7 @@ class FSDPStrategy(DDPStrategy):
             set_optimizer_state_dict(model, inner, held["optimizer"])
             return
         _refuse_layout(record, "full", folder)
-        state = _torch_load(folder / f"{name}.bin") if self.state.is_main_process else {}
+        state = torch_load(folder / f"{name}.bin") if self.state.is_main_process else {}
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(model, inner, state, options=options)
 

@@ -33,13 +33,14 @@ def asked_strategy(fsdp_plugin: Any, deepspeed_plugin: Any) -> str | None:
 
 def choose_strategy(
     state: ProcessState,
+    asked: str | None,
     *,
     fsdp_plugin: Any,
     deepspeed_plugin: Any,
     mixed_precision: str,
     ddp_kwargs: dict[str, Any],
 ) -> DDPStrategy:
-    asked = asked_strategy(fsdp_plugin, deepspeed_plugin)
+    """The strategy for ``asked`` (``asked_strategy``'s answer): FSDP, DeepSpeed, or DDP/plain."""
     if asked == DistributedType.FSDP:
         from x_runtime.strategies.fsdp import FSDPStrategy
         from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
