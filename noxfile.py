@@ -3,6 +3,7 @@
     nox -t ci                 # what CI runs: every package alone, integration, lint, docs
     nox -s demo               # the main job
     nox -s tests-x-common -R  # one package, reusing its venv for a fast loop
+    nox -s tests_xla_cpu      # XLA on torch_xla's CPU runtime (its own torch; not in CI's run)
 
 Each ``tests-<package>`` session installs ONLY that package (and x-common) into its own venv,
 checks that no other x package is importable there, and runs that package's tests: this is how
@@ -111,6 +112,25 @@ def tests_deepspeed(session: nox.Session) -> None:
     install(session, (runtime,), tools=(*TEST_TOOLS, "deepspeed>=0.19,<0.20"))
     tests = Path("packages/x-runtime/tests")
     run_pytest(session, str(tests / "test_deepspeed.py"), str(tests / "test_deepspeed_config.py"))
+
+
+@nox.session(python=None)
+def tests_xla_cpu(session: nox.Session) -> None:
+    """x-runtime and x-launch --tpu on torch_xla's CPU runtime (PJRT_DEVICE=CPU): one XLA device.
+
+    Not part of the default CI run: torch_xla pins its own torch (constraints/tpu.txt, a CUDA build
+    of about 3 GB). Several XLA processes do not run on CPU; those tests are requires_tpu.
+    """
+    wanted = tuple(p for p in PACKAGES if p.name in ("x-runtime", "x-launch"))
+    install(session, wanted, torch=TPU, tools=(*TEST_TOOLS, "torch_xla"))
+    session.env["PJRT_DEVICE"] = "CPU"
+    tests = Path("packages/x-runtime/tests")
+    run_pytest(
+        session,
+        str(tests / "test_xla.py"),
+        str(tests / "test_xla_config.py"),
+        "packages/x-launch/tests/test_xla_run.py",
+    )
 
 
 @nox.session(python=None, tags=["ci"])

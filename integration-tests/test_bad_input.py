@@ -687,6 +687,20 @@ API_CASES = [
         ("LOCAL_STATE_DICT", "SHARDED_STATE_DICT"),
     ),
     Api(
+        "runtime-xla-without-torch-xla",
+        "Accelerator()",
+        ("ValueError",),
+        ("distributed_type XLA needs torch_xla", "pip install torch_xla"),
+        env={"X_DISTRIBUTED_TYPE": "XLA"},
+    ),
+    Api(
+        "runtime-xla-and-cpu",
+        "Accelerator(cpu=True)",
+        ("ValueError",),
+        ("X_DISTRIBUTED_TYPE=XLA", "cpu=True", "drop one of them"),
+        env={"X_DISTRIBUTED_TYPE": "XLA"},
+    ),
+    Api(
         "runtime-fp8-on-cpu",
         'Accelerator(mixed_precision="fp8", cpu=True)',
         ("ValueError",),

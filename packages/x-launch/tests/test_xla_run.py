@@ -87,7 +87,7 @@ def dry_run(tmp_path: Path, monkeypatch, capsys):
     from x_launch.cli import main
 
     for name in list(__import__("os").environ):
-        if name.startswith(("SLURM_", "PJRT_")):
+        if name.startswith(("SLURM_", "PJRT_", "MASTER_")):
             monkeypatch.delenv(name)
     script = tmp_path / "train.py"
     script.write_text("def main():\n    pass\n")
@@ -108,6 +108,7 @@ def test_tpu_dry_run_shows_torch_xlas_launcher_and_its_environment(dry_run) -> N
     assert "engine: torch_xla" in out
     assert f"-m x_launch.xla_run --main_training_function main {script} --epochs 1" in out  # every device
     assert "  PJRT_DEVICE=TPU" in out and "  X_DISTRIBUTED_TYPE=XLA" in out
+    assert "  MASTER_PORT=29500" in out  # torch_xla's rendezvous port follows --main_process_port
     code, out, _ = run("--tpu", "--num_processes", "1", "--main_training_function", "fit")
     assert f"--main_training_function fit --nprocs 1 {script}" in out
 

@@ -28,6 +28,7 @@ _FOREIGN = (
     "MASTER_",
     "SLURM_",
     "TORCHELASTIC_",
+    "PJRT_",  # torch_xla's device choice: set, it would turn every Accelerator into an XLA one
 )
 
 

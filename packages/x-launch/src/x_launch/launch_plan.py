@@ -254,6 +254,9 @@ def _tpu_plan(
     env_vars = {**env_vars, env.DISTRIBUTED_TYPE.name: "XLA"}
     if not env.PJRT_DEVICE.is_set():
         env_vars[env.PJRT_DEVICE.name] = "TPU"
+    if not env.MASTER_PORT.is_set():
+        # torch_xla's rendezvous binds MASTER_PORT, 12355 unless told: a second job on the host would clash.
+        env_vars[env.MASTER_PORT.name] = str(value["main_process_port"] or _free_port())
     return LaunchPlan([*argv, *target], env_vars, "torch_xla", settings, notes)
 
 

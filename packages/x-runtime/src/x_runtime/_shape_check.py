@@ -153,9 +153,14 @@ def _all_gather_objects(obj: Any, world: int) -> list[Any]:
 
 
 def _meta_device() -> torch.device:
-    # NCCL only moves GPU tensors; every other default backend here (gloo, mixed cpu:gloo) takes CPU.
-    if dist.get_backend() == "nccl":
+    # NCCL only moves GPU tensors, XLA only XLA ones; the other backends here (gloo, cpu:gloo) take CPU.
+    backend = dist.get_backend()
+    if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
+    if backend == "xla":  # its collectives take XLA tensors only
+        import torch_xla
+
+        return torch_xla.device()
     return torch.device("cpu")
 
 

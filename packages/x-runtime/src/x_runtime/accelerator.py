@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import os
 import weakref
@@ -43,7 +44,7 @@ from x_runtime.configs import (
 from x_runtime.data_loader import prepare_data_loader
 from x_runtime.data_loader import skip_first_batches as _skip_first_batches
 from x_runtime.gradient_state import GradientState, check_steps
-from x_runtime.model_files import save_state_dict_files
+from x_runtime.model_files import save_object, save_state_dict_files
 from x_runtime.optimizer import AcceleratedOptimizer
 from x_runtime.precision import Precision, unwrap_forward
 from x_runtime.process_helpers import first_on, on_process, split_between_processes
@@ -141,16 +142,6 @@ class Accelerator:
             autocast_kwargs=self.handlers.autocast.to_kwargs(),
             scaler_kwargs=self.handlers.scaler.to_kwargs(),
         )
-        self.strategy = choose_strategy(
-            self.state,
-            asked,
-            fsdp_plugin=fsdp_plugin,
-            deepspeed_plugin=deepspeed_plugin,
-            mixed_precision=self.precision.mode,
-            ddp_kwargs=self.handlers.ddp.to_kwargs(),
-        )
-        if self.strategy.distributed_type is not None:
-            self.state.distributed_type = self.strategy.distributed_type
         plugin = gradient_accumulation_plugin
         if plugin is not None and gradient_accumulation_steps != 1:
             raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
@@ -165,6 +156,17 @@ class Accelerator:
             adjust_scheduler=plugin.adjust_scheduler,
         )
         self.sync_each_batch = plugin.sync_each_batch
+        self.strategy = choose_strategy(
+            self.state,
+            asked,
+            fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            mixed_precision=self.precision.mode,
+            ddp_kwargs=self.handlers.ddp.to_kwargs(),
+            gradient_state=self.gradient_state,
+        )
+        if self.strategy.distributed_type is not None:
+            self.state.distributed_type = self.strategy.distributed_type
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         if dynamo_plugin is not None and dynamo_backend is not None:
@@ -274,6 +276,8 @@ class Accelerator:
             gradient_state=self.gradient_state,
             scaler=self.precision.scaler,
             device=self.device if placement else None,
+            before_step=self.strategy.before_step,
+            after_step=self.strategy.after_step,
         )
         self._prepared.optimizers.append(prepared)
         return prepared
@@ -297,20 +301,21 @@ class Accelerator:
     ) -> Any:
         placement = self.device_placement if device_placement is None else device_placement
         config = self.dataloader_config
-        prepared = prepare_data_loader(
+
+        build = functools.partial(  # the strategy gives the device and gradient state
+            prepare_data_loader,
             data_loader,
             num_processes=self.num_processes,
             process_index=self.process_index,
-            device=self.device if placement else None,
             split_batches=config.split_batches,
             even_batches=config.even_batches,
             dispatch_batches=config.dispatch_batches,
             use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
-            gradient_state=self.gradient_state,
             use_stateful_dataloader=config.use_stateful_dataloader,
         )
+        prepared = self.strategy.build_loader(build, self.device if placement else None, self.gradient_state)
         self._prepared.dataloaders.append(prepared)
         return prepared
 
@@ -423,7 +428,7 @@ class Accelerator:
         return fired
 
     def _collective_device(self) -> torch.device:
-        return self.device if self.state.backend in ("nccl", "xccl") else torch.device("cpu")
+        return self.device if self.state.backend in ("nccl", "xccl", "xla") else torch.device("cpu")
 
     # --- processes -------------------------------------------------------------------------
     def wait_for_everyone(self) -> None:
@@ -530,16 +535,9 @@ class Accelerator:
 
     def save(self, obj: Any, f: str | os.PathLike, safe_serialization: bool = False) -> None:
         """``torch.save`` (or safetensors for a dict of tensors) on the main process only."""
-        if not self.is_main_process:
-            return
-        if safe_serialization:
-            from x_runtime.model_files import save_tensors_file
-
-            save_tensors_file(obj, Path(f))
-        else:
-            from x_runtime.atomic import write_file_atomic
-
-            write_file_atomic(Path(f), lambda tmp: torch.save(obj, tmp))
+        obj = self.strategy.to_host(obj)  # every process: on XLA this runs the graph that makes obj
+        if self.is_main_process:
+            save_object(obj, f, safe_serialization=safe_serialization)
 
     # --- tracking --------------------------------------------------------------------------
     def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:

@@ -17,6 +17,7 @@ gathering and trimming them) where Accelerate requires ``pad_across_processes`` 
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any
 
@@ -37,6 +38,7 @@ from x_runtime._shape_check import (
 from x_runtime.nested import apply
 
 __all__ = [
+    "barrier",
     "broadcast",
     "broadcast_object_list",
     "gather",
@@ -162,7 +164,7 @@ def gather_object(obj: Any) -> list[Any]:
     if world == 1:
         return list(obj) if isinstance(obj, list) else [obj]
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, obj)
+    dist.all_gather_object(gathered, obj, group=_object_group())
     out: list[Any] = []
     for item in gathered:
         if isinstance(item, list):
@@ -303,6 +305,18 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     return data
 
 
+def barrier() -> None:
+    """Wait until every process of the default group gets here (nothing to wait for without one)."""
+    if world_size() == 1:
+        return
+    if dist.get_backend() == "xla":  # the xla backend's barrier returns at once
+        import torch_xla.core.xla_model as xm
+
+        xm.rendezvous("x_runtime.barrier")
+    else:
+        dist.barrier()
+
+
 def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
     """``object_list`` overwritten, in place, with process ``from_process``'s items (pickled).
 
@@ -325,7 +339,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     world = world_size()
     source = _source_rank("broadcast_object_list", from_process, world)
     if world > 1:
-        dist.broadcast_object_list(object_list, src=source)
+        dist.broadcast_object_list(object_list, src=source, group=_object_group())
     return object_list
 
 
@@ -336,6 +350,17 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 
 
 # --- moving the data ---------------------------------------------------------------------------
+
+
+def _object_group() -> Any:
+    """The group pickled objects travel in: the default one, except under XLA (tensors only)."""
+    return _gloo_beside_xla() if dist.get_backend() == "xla" else None
+
+
+@functools.cache
+def _gloo_beside_xla() -> Any:
+    # Created once per process, by every rank at its first object collective (a collective too).
+    return dist.new_group(backend="gloo")
 
 
 def _as_rows(tensor: torch.Tensor) -> torch.Tensor:
@@ -350,7 +375,7 @@ def _wire(tensor: torch.Tensor) -> torch.Tensor:
 
 def _data_device(tensor: torch.Tensor) -> torch.device:
     backend = dist.get_backend()
-    if backend == "nccl":
+    if backend in ("nccl", "xla"):
         return _meta_device()
     if backend in ("gloo", "mpi"):
         return torch.device("cpu")

@@ -303,7 +303,7 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     """
     if num_batches < 0:
         raise ValueError(f"num_batches must be >= 0, got {num_batches}")
-    if isinstance(dataloader, _PreparedLoader):
+    if isinstance(dataloader, _PreparedLoader) or hasattr(dataloader, "_with_skip"):  # prepared, or on XLA
         return dataloader._with_skip(num_batches)
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"expected a torch DataLoader, got {type(dataloader).__name__}")

@@ -15,6 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from x_common.process_env import process_env
+from x_runtime.collectives import barrier
 
 __all__ = ["MultiProcessAdapter", "get_logger"]
 
@@ -80,7 +81,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
             if enabled and (turn == rank or not synchronize):
                 self.logger.log(level, msg, *args, **kwargs)
             if synchronize:
-                dist.barrier()
+                barrier()
 
     @staticmethod
     def _prefix(msg: Any, rank: int, world: int) -> Any:

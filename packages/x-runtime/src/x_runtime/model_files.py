@@ -24,6 +24,7 @@ __all__ = [
     "SAFE_WEIGHTS_NAME",
     "load_state_dict_files",
     "load_tensors_file",
+    "save_object",
     "save_state_dict_files",
     "save_tensors_file",
 ]
@@ -75,6 +76,14 @@ def save_tensors_file(state_dict: Mapping[str, torch.Tensor], path: str | Path) 
     tensors = {name: tensor.cpu() for name, tensor in tensors.items()}
     metadata = {"format": "pt", "aliases": json.dumps(aliases)}
     write_file_atomic(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def save_object(obj: Any, path: str | Path, *, safe_serialization: bool = False) -> None:
+    """``torch.save`` (or safetensors for a dict of tensors), complete or not at all."""
+    if safe_serialization:
+        save_tensors_file(obj, path)
+    else:
+        write_file_atomic(Path(path), lambda tmp: torch.save(obj, tmp))
 
 
 def load_tensors_file(path: str | Path, *, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

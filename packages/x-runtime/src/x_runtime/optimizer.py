@@ -7,6 +7,7 @@ the scaler; ``step_was_skipped`` says so (the scheduler then does not advance ei
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +28,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         gradient_state: GradientState,
         scaler: torch.amp.GradScaler | None = None,
         device: torch.device | None = None,
+        before_step: Callable[[torch.optim.Optimizer], None] | None = None,
+        after_step: Callable[[torch.optim.Optimizer], None] | None = None,
     ):
         # Not calling Optimizer.__init__: the wrapped optimizer owns param_groups and state.
         self.optimizer = optimizer
@@ -35,6 +38,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self._step_was_skipped = False
         self._unscaled = False
         self.steps_in_backward = False  # DeepSpeed: the engine steps and zeroes inside backward
+        # The strategy's part of a step (XLA: average gradients across replicas, then cut the graph).
+        self._before_step = before_step
+        self._after_step = after_step
         if device is not None and optimizer.state:
             # Optimizer state created before prepare lives where the model was; move it along.
             optimizer.load_state_dict(nested.send_to_device(optimizer.state_dict(), device))
@@ -85,6 +91,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> Any:
         if not self.gradient_state.sync_gradients or self.steps_in_backward:
             return None
+        if self._before_step is not None:
+            self._before_step(self.optimizer)
+        result = self._step(closure)
+        if self._after_step is not None:
+            self._after_step(self.optimizer)
+        return result
+
+    def _step(self, closure: Any) -> Any:
         self._unscaled = False
         if self.scaler is None:
             self._step_was_skipped = False

@@ -40,6 +40,8 @@ class Precision:
             raise ValueError(f"mixed_precision={mode!r} is not one of {', '.join(MIXED_PRECISIONS)}")
         if mode == "fp16" and device.type == "cpu":
             raise ValueError("mixed_precision='fp16' needs a GPU; on CPU use 'bf16' or 'no'")
+        if mode in ("fp16", "fp8") and device.type == "xla":
+            raise ValueError(f"mixed_precision={mode!r} on an XLA device: TPUs compute in bf16; use 'bf16' or 'no'")
         if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ValueError(
                 f"mixed_precision='bf16' is not supported by {torch.cuda.get_device_name(device)}; use 'fp16'"

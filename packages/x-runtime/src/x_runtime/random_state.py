@@ -7,6 +7,7 @@ States are stored as tensors, ints and tuples only, so a checkpoint loads with
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import torch
@@ -20,6 +21,15 @@ def _numpy() -> Any | None:
     except ImportError:
         return None
     return numpy
+
+
+def _xla_model() -> Any | None:
+    # Only when the script already runs on XLA: importing torch_xla takes seconds.
+    if "torch_xla" not in sys.modules:
+        return None
+    import torch_xla.core.xla_model as xm
+
+    return xm
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False, *, process_index: int = 0) -> int:
@@ -43,6 +53,9 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA/XPU/MPS device
+    xm = _xla_model()
+    if xm is not None:
+        xm.set_rng_state(seed)  # the XLA generator is separate: manual_seed leaves it alone
     if deterministic:
         torch.use_deterministic_algorithms(True)
         if torch.backends.cudnn.is_available():
@@ -63,6 +76,9 @@ def capture_rng_state() -> dict[str, Any]:
     xpu = getattr(torch, "xpu", None)
     if xpu is not None and xpu.is_available():
         state["xpu"] = xpu.get_rng_state_all()
+    xm = _xla_model()
+    if xm is not None:
+        state["xla"] = int(xm.get_rng_state())
     return state
 
 
@@ -83,3 +99,6 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     xpu = getattr(torch, "xpu", None)
     if "xpu" in state and xpu is not None and xpu.is_available():
         xpu.set_rng_state_all(state["xpu"])
+    xm = _xla_model()
+    if "xla" in state and xm is not None:
+        xm.set_rng_state(int(state["xla"]))

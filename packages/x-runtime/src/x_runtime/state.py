@@ -33,7 +33,6 @@ class DistributedType:
     XLA = "XLA"
 
 
-_NOT_YET = (DistributedType.XLA,)
 # Sharding strategies need a process group even when the launcher started a single process.
 _SHARDED = (DistributedType.FSDP, DistributedType.DEEPSPEED)
 
@@ -67,20 +66,31 @@ class ProcessState:
         """Read the environment, pick the device, and join the process group when distributed.
 
         ``sharded`` (a sharding plugin was given) joins a process group even for a world of
-        one started by a launcher, as the launcher's FSDP/DEEPSPEED choice does.
+        one started by a launcher, as the launcher's FSDP/DEEPSPEED choice does. XLA (the
+        launcher's choice, or ``PJRT_DEVICE`` set as torch_xla users do) takes rank, world and
+        device from the XLA runtime instead (``strategies.xla``).
 
         Raises:
-            ValueError: a launcher variable is malformed, or the launcher asked for a strategy
-                this version does not run.
+            ValueError: a launcher variable is malformed, or XLA was asked without torch_xla.
         """
         where = process_env(environ)
-        cpu = cpu or bool(env.USE_CPU.read(environ))
         asked = env.DISTRIBUTED_TYPE.read(environ)
-        if asked in _NOT_YET:
-            raise ValueError(
-                f"{env.DISTRIBUTED_TYPE.name}={asked}: x_runtime runs NO, MULTI_CPU, MULTI_GPU, MULTI_XPU, FSDP and DEEPSPEED; "
-                "choose one of them in the launch config (x-launch config)"
+        if asked == DistributedType.XLA or (env.PJRT_DEVICE.is_set(environ) and not cpu):
+            from x_runtime.strategies.xla import xla_process_state
+
+            flag = (
+                f"{env.DISTRIBUTED_TYPE.name}=XLA"
+                if asked == DistributedType.XLA
+                else f"{env.PJRT_DEVICE.name}={env.PJRT_DEVICE.read(environ)}"
             )
+            return xla_process_state(
+                init_method=init_method,
+                timeout=timeout or timedelta(seconds=env.PROCESS_GROUP_TIMEOUT.read(environ)),
+                backend=backend,
+                cpu=cpu or bool(env.USE_CPU.read(environ)),
+                source_flag=flag,
+            )
+        cpu = cpu or bool(env.USE_CPU.read(environ))
         device = _pick_device(cpu, where.local_rank)
         distributed_type = _distributed_type(where, device)
         # x-launch runs one process without torchrun, so no RANK: its contract flag stands in.
@@ -103,14 +113,20 @@ class ProcessState:
             state._join(where, init_method, timeout or timedelta(seconds=seconds))
         return state
 
+    def _adopt_existing_group(self) -> bool:
+        """Use the process group another accelerator (or the script) created, if there is one."""
+        if not dist.is_initialized():
+            return False
+        if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
+            raise RuntimeError(
+                f"a process group already exists with rank {dist.get_rank()} of {dist.get_world_size()}, "
+                f"but the environment says rank {self.rank} of {self.world_size}"
+            )
+        self.backend = dist.get_backend()
+        return True
+
     def _join(self, where: ProcessEnv, init_method: str | None, timeout: timedelta) -> None:
-        if dist.is_initialized():
-            if dist.get_world_size() != self.world_size or dist.get_rank() != self.rank:
-                raise RuntimeError(
-                    f"a process group already exists with rank {dist.get_rank()} of {dist.get_world_size()}, "
-                    f"but the environment says rank {self.rank} of {self.world_size}"
-                )
-            self.backend = dist.get_backend()
+        if self._adopt_existing_group():
             return
         if init_method is None and where.source == "slurm":
             if where.master_port is None:
@@ -132,6 +148,18 @@ class ProcessState:
         )
         self.owns_process_group = True
 
+    def _join_xla(self, init_method: str, timeout: timedelta) -> None:
+        if self._adopt_existing_group():
+            return
+        if self.world_size == 1:
+            # xla:// would bind MASTER_PORT (12355 by default) for a store nobody else reads.
+            dist.init_process_group(backend="xla", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend="xla", init_method=init_method, rank=self.rank, world_size=self.world_size, timeout=timeout
+            )
+        self.owns_process_group = True
+
     @property
     def is_main_process(self) -> bool:
         return self.rank == 0
@@ -150,7 +178,9 @@ class ProcessState:
 
     def wait_for_everyone(self) -> None:
         if self.use_distributed and dist.is_initialized():
-            dist.barrier()
+            from x_runtime.collectives import barrier
+
+            barrier()
 
     def destroy(self) -> None:
         """Leave the process group if this state created it."""

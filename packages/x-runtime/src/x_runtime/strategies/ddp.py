@@ -49,12 +49,22 @@ class DDPStrategy:
         """Called with everything one ``prepare`` call returns, before it returns."""
         return result
 
+    def build_loader(self, build: Any, device: torch.device | None, gradient_state: Any) -> Any:
+        """The prepared loader: ``build(device=..., gradient_state=...)`` makes the sharded one."""
+        return build(device=device, gradient_state=gradient_state)
+
     # --- the step ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None, **kwargs: Any) -> None:
         if scaler is not None:
             scaler.scale(loss).backward(**kwargs)
         else:
             loss.backward(**kwargs)
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Runs just before a prepared optimizer's real step (accumulation boundaries only)."""
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Runs just after it."""
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
@@ -66,6 +76,10 @@ class DDPStrategy:
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     # --- weights -----------------------------------------------------------------------------
+    def to_host(self, data: Any) -> Any:
+        """``data`` in a form ``torch.save`` writes (XLA tensors must leave the device first)."""
+        return data
+
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights (every rank calls this; only the main process needs them)."""
         return model.state_dict()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from x_runtime.model_files import load_tensors_file, save_tensors_file
 from x_runtime.state import ProcessState
 from x_runtime.strategies.ddp import DDPStrategy, _refuse_layout, check_shapes
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
+from x_runtime.strategies.param_moves import ParameterMoves
 
 __all__ = ["FSDPStrategy", "wrap_units"]
 
@@ -58,7 +58,7 @@ class FSDPStrategy(DDPStrategy):
         self.plugin = plugin
         self.mp_policy = plugin.mixed_precision(mixed_precision)
         self.mesh = init_device_mesh(state.device.type, (state.world_size,))
-        self._moved: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
+        self._moves = ParameterMoves()
 
     # --- prepare -----------------------------------------------------------------------------
     def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -97,9 +97,7 @@ class FSDPStrategy(DDPStrategy):
             model.to_empty(device=self.state.device)
         if plugin.sync_module_states:
             self._sync_from_rank0(model, full)
-        for old, new in zip(before, model.parameters(), strict=True):
-            if old is not new:
-                self._moved[id(old)] = (weakref.ref(old), new)
+        self._moves.record(before, model.parameters())
         return model
 
     def _sync_from_rank0(self, model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
@@ -114,15 +112,7 @@ class FSDPStrategy(DDPStrategy):
                 dist.broadcast(buffer, src=0)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-        for group in optimizer.param_groups:
-            group["params"] = [self._sharded(p) for p in group["params"]]
-        return optimizer
-
-    def _sharded(self, param: torch.nn.Parameter) -> torch.nn.Parameter:
-        entry = self._moved.get(id(param))
-        if entry is not None and entry[0]() is param:
-            return entry[1]
-        return param
+        return self._moves.repoint(optimizer)
 
     # --- the step ----------------------------------------------------------------------------
     @contextlib.contextmanager

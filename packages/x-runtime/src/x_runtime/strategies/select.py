@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from x_common import env
+from x_runtime.gradient_state import GradientState
 from x_runtime.state import DistributedType, ProcessState
 from x_runtime.strategies.ddp import DDPStrategy
 
@@ -39,8 +40,22 @@ def choose_strategy(
     deepspeed_plugin: Any,
     mixed_precision: str,
     ddp_kwargs: dict[str, Any],
+    gradient_state: GradientState | None = None,
 ) -> DDPStrategy:
-    """The strategy for ``asked`` (``asked_strategy``'s answer): FSDP, DeepSpeed, or DDP/plain."""
+    """The strategy for ``asked`` (``asked_strategy``'s answer): FSDP, DeepSpeed, XLA, or DDP/plain.
+
+    Raises:
+        ValueError: a sharding plugin on XLA devices (not supported: the message says so).
+    """
+    if state.distributed_type == DistributedType.XLA:
+        if asked is not None:
+            raise ValueError(
+                f"{asked} on XLA devices: x_runtime trains XLA replicas with averaged gradients only; "
+                f"drop the {asked.lower()} plugin/config or train on GPUs"
+            )
+        from x_runtime.strategies.xla import XLAStrategy
+
+        return XLAStrategy(state, gradient_state or GradientState())
     if asked == DistributedType.FSDP:
         from x_runtime.strategies.fsdp import FSDPStrategy
         from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin

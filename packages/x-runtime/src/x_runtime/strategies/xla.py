@@ -1,0 +1,198 @@
+"""TPU (and any torch_xla device): one replica per process, gradients averaged at the optimizer step.
+
+What ``xm.optimizer_step`` does, split where Accelerate's API needs it: the gradients of every
+replica are averaged (``xm.reduce_gradients``) once per optimizer step, before the step, or
+earlier when ``clip_grad_norm_`` needs the averaged values; then the step runs and the lazy
+graph is cut (``torch_xla.sync()``), so each step compiles once and runs, instead of one graph
+growing over the whole epoch. There is no DDP wrapper: between steps nothing is communicated,
+so ``no_sync`` has nothing to skip.
+
+Batches reach the device through torch_xla's ``ParallelLoader`` (``strategies.xla_loader``).
+Weights and optimizer state leave the device (``.cpu()``) before they are written: safetensors
+cannot read XLA tensors.
+
+torch_xla is imported only when XLA is chosen (by ``x-launch --tpu``, ``distributed_type: XLA``,
+or ``PJRT_DEVICE`` in the environment): importing it takes seconds.
+"""
+
+from __future__ import annotations
+
+import importlib
+import weakref
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from x_runtime import nested
+from x_runtime.checkpointing import torch_save
+from x_runtime.gradient_state import GradientState
+from x_runtime.model_files import load_tensors_file, save_tensors_file
+from x_runtime.state import DistributedType, ProcessState
+from x_runtime.strategies.ddp import DDPStrategy, _refuse_layout, check_shapes
+from x_runtime.strategies.param_moves import ParameterMoves
+
+__all__ = ["XLAStrategy", "import_torch_xla", "xla_process_state"]
+
+INSTALL_HINT = (
+    "pip install 'x-runtime[tpu]' on a TPU VM, or pip install torch_xla==<your torch version> "
+    "(torch_xla is released for one torch version at a time)"
+)
+
+
+def import_torch_xla() -> Any:
+    """``torch_xla``, or a ValueError saying how to install it."""
+    try:
+        torch_xla = importlib.import_module("torch_xla")
+        # xla_model: collectives, RNG, rendezvous; xla_backend registers the "xla" process group.
+        for part in ("core.xla_model", "runtime", "distributed.xla_backend"):
+            importlib.import_module(f"torch_xla.{part}")
+    except ImportError as exc:
+        raise ValueError(
+            f"distributed_type XLA needs torch_xla, which is not importable ({exc}): {INSTALL_HINT}"
+        ) from exc
+    return torch_xla
+
+
+def xla_process_state(
+    *, init_method: str | None, timeout: timedelta, backend: str | None, cpu: bool, source_flag: str
+) -> ProcessState:
+    """This process's replica: rank and world from the XLA runtime, the ``xla`` process group joined.
+
+    Raises:
+        ValueError: torch_xla is missing, or XLA was asked together with ``cpu=True`` or
+            another backend.
+    """
+    if cpu:
+        raise ValueError(f"{source_flag} asks for an XLA device but cpu=True was passed: drop one of them")
+    if backend not in (None, "xla"):
+        raise ValueError(f"{source_flag}: XLA replicas talk through the 'xla' backend, not {backend!r}")
+    torch_xla = import_torch_xla()
+    runtime = torch_xla.runtime
+    world, rank = runtime.world_size(), runtime.global_ordinal()
+    local_world = max(1, runtime.local_process_count())
+    state = ProcessState(
+        rank=rank,
+        local_rank=runtime.local_ordinal(),
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=rank // local_world,
+        device=torch_xla.device(),
+        backend="xla",
+        distributed_type=DistributedType.XLA,
+        source="xla",
+    )
+    # Joined in a world of one too: collectives and barriers then take the same path as on a pod.
+    state._join_xla(init_method or "xla://", timeout)
+    return state
+
+
+def sync() -> None:
+    """Cut the lazy graph here: compile (once per shape) and run what was recorded."""
+    import torch_xla
+
+    torch_xla.sync()
+
+
+def to_host(data: Any) -> Any:
+    """``data`` with every tensor copied to the CPU, after running what produces them.
+
+    Every graph cut advances the XLA random generator; a save must not, or the run that saved
+    would draw other dropout masks than the same run without the save (and than its resumption).
+    """
+    import torch_xla.core.xla_model as xm
+
+    seed = xm.get_rng_state()
+    sync()
+    host = nested.send_to_device(data, torch.device("cpu"))
+    xm.set_rng_state(seed)
+    return host
+
+
+class XLAStrategy(DDPStrategy):
+    """One replica per XLA device; gradients averaged across replicas at each optimizer step."""
+
+    distributed_type = DistributedType.XLA
+
+    def __init__(self, state: ProcessState, gradient_state: GradientState):
+        super().__init__(state)
+        self.gradient_state = gradient_state
+        # Optimizers whose gradients were averaged since their last step (clipping does it early).
+        self._reduced: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._moves = ParameterMoves()
+
+    def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        before = list(model.parameters())
+        model = model.to(self.state.device)  # new Parameter objects: XLA tensors share no CPU storage
+        self._moves.record(before, model.parameters())
+        return model
+
+    def wrap_model(self, model: torch.nn.Module, *, train: bool) -> torch.nn.Module:
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        self._optimizers.add(optimizer)
+        return self._moves.repoint(optimizer)
+
+    def build_loader(self, build: Any, device: torch.device | None, gradient_state: Any) -> Any:
+        if device is None:
+            return build(device=None, gradient_state=gradient_state)
+        from x_runtime.strategies.xla_loader import XLADeviceLoader
+
+        # The CPU loader runs ahead in ParallelLoader's thread: it reports to a gradient state of
+        # its own, and the device loader reports each batch's flags as the loop receives it.
+        return XLADeviceLoader(build(device=None, gradient_state=GradientState()), device, gradient_state)
+
+    # --- the step ----------------------------------------------------------------------------
+    def _average_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        if optimizer in self._reduced:
+            return
+        if self.state.world_size > 1:
+            import torch_xla.core.xla_model as xm
+
+            xm.reduce_gradients(optimizer)
+        self._reduced.add(optimizer)
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._average_gradients(optimizer)
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._reduced.discard(optimizer)
+        sync()
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        # On a boundary the norm must be the averaged gradients' norm, the same on every replica.
+        # Between boundaries the gradients stay local: averaged there, the micro-batches still to
+        # come would add local gradients to averaged ones, and the step would not average again.
+        if self.gradient_state.sync_gradients:
+            for optimizer in list(self._optimizers):
+                self._average_gradients(optimizer)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    # --- weights -----------------------------------------------------------------------------
+    def to_host(self, data: Any) -> Any:
+        return to_host(data)
+
+    def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return to_host(model.state_dict())
+
+    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
+        weights = to_host(model.state_dict())  # every replica runs the graph; one writes
+        if self.state.is_main_process:
+            save_tensors_file(weights, folder / f"{name}.safetensors")
+        return {"layout": "full"}
+
+    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
+        _refuse_layout(record, "full", folder)
+        path = folder / f"{name}.safetensors"
+        weights = load_tensors_file(path, device=torch.device("cpu"))  # copied into the XLA parameters
+        check_shapes(path, weights, model.state_dict())
+        model.load_state_dict(weights, strict=strict)
+
+    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
+        state = to_host(optimizer.state_dict())
+        if self.state.is_main_process:
+            torch_save(state, folder / f"{name}.bin")
+        return {"layout": "full"}

@@ -1,0 +1,87 @@
+"""Choosing XLA, and its refusals, without torch_xla (the XLA runs are in test_xla.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+import torch
+
+from x_common import env
+from x_runtime import Accelerator
+from x_runtime.precision import Precision
+from x_runtime.state import ProcessState
+from x_runtime.strategies.param_moves import ParameterMoves
+from x_runtime.strategies.select import choose_strategy
+
+HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
+
+
+@pytest.mark.skipif(HAS_TORCH_XLA, reason="torch_xla is installed here: test_xla.py runs it")
+def test_xla_without_torch_xla_says_how_to_install_it(monkeypatch) -> None:
+    monkeypatch.setenv(env.DISTRIBUTED_TYPE.name, "XLA")
+    with pytest.raises(ValueError) as caught:
+        Accelerator()
+    message = str(caught.value)
+    assert message.startswith("distributed_type XLA needs torch_xla, which is not importable (No module named")
+    assert message.endswith(
+        "pip install 'x-runtime[tpu]' on a TPU VM, or pip install torch_xla==<your torch version> "
+        "(torch_xla is released for one torch version at a time)"
+    )
+
+
+def test_pjrt_device_with_cpu_true_trains_on_the_cpu_without_importing_torch_xla(monkeypatch) -> None:
+    monkeypatch.setenv(env.PJRT_DEVICE.name, "TPU")
+    accelerator = Accelerator(cpu=True)
+    assert (accelerator.distributed_type, accelerator.device.type) == ("NO", "cpu")
+    assert HAS_TORCH_XLA or "torch_xla" not in sys.modules
+
+
+def test_the_launchers_xla_contradicting_cpu_true_names_both(monkeypatch) -> None:
+    monkeypatch.setenv(env.DISTRIBUTED_TYPE.name, "XLA")
+    with pytest.raises(ValueError) as caught:
+        Accelerator(cpu=True)
+    assert (
+        str(caught.value) == "X_DISTRIBUTED_TYPE=XLA asks for an XLA device but cpu=True was passed: drop one of them"
+    )
+
+
+def test_xla_refuses_another_process_group_backend(monkeypatch) -> None:
+    from x_runtime import InitProcessGroupKwargs
+
+    monkeypatch.setenv(env.PJRT_DEVICE.name, "CPU")
+    with pytest.raises(ValueError, match=r"PJRT_DEVICE=CPU: XLA replicas talk through the 'xla' backend, not 'gloo'"):
+        Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+
+
+@pytest.mark.parametrize("mode", ["fp16", "fp8"])
+def test_half_precision_other_than_bf16_is_refused_on_xla(mode: str) -> None:
+    with pytest.raises(ValueError) as caught:
+        Precision(mode, torch.device("xla"))
+    assert str(caught.value) == f"mixed_precision='{mode}' on an XLA device: TPUs compute in bf16; use 'bf16' or 'no'"
+
+
+@pytest.mark.parametrize("asked", ["FSDP", "DEEPSPEED"])
+def test_sharding_plugins_are_refused_on_xla(asked: str) -> None:
+    state = ProcessState(0, 0, 1, 1, 0, torch.device("xla"), "xla", "XLA", "xla")
+    with pytest.raises(ValueError) as caught:
+        choose_strategy(state, asked, fsdp_plugin=None, deepspeed_plugin=None, mixed_precision="no", ddp_kwargs={})
+    assert str(caught.value).startswith(f"{asked} on XLA devices: x_runtime trains XLA replicas")
+    assert f"drop the {asked.lower()} plugin/config" in str(caught.value)
+
+
+def test_optimizers_built_before_a_parameter_swap_follow_the_new_parameters() -> None:
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    before = list(model.parameters())
+    moves = ParameterMoves()
+    # What Module.to does for XLA tensors: new Parameter objects, not new data in the old ones.
+    model.weight = torch.nn.Parameter(model.weight.detach().clone())
+    moves.record(before, model.parameters())
+    moves.repoint(optimizer)
+    assert optimizer.param_groups[0]["params"][0] is model.weight
+    assert optimizer.param_groups[0]["params"][1] is model.bias  # unchanged ones stay
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    assert torch.equal(model.weight, before[0] - 1.0)
