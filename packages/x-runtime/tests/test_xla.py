@@ -3,7 +3,7 @@
 torch_xla needs its own torch (see constraints/tpu.txt), so these tests run in their own session,
 not in the default CI run; without torch_xla this module is skipped. One process, one XLA
 device: training parity with plain PyTorch, the parallel loader's bookkeeping, checkpoints, RNG,
-bf16, collectives, and ``x-launch --tpu``. What needs several TPU cores is marked requires_tpu.
+bf16, collectives, and ``x-launch --tpu``. What needs several TPU cores is in test_xla_tpu.py.
 """
 
 from __future__ import annotations
@@ -29,14 +29,13 @@ from x_runtime.random_state import set_seed  # noqa: E402
 
 WORKERS = Path(__file__).parent / "workers"
 
-# torch's autograd engine sizes its per-device queues at the first backward of the process: the XLA
-# runtime must be up by then, or a later backward on the XLA device fails an internal assert.
-torch_xla.device()
-
 
 @pytest.fixture(autouse=True)
 def _xla_cpu(monkeypatch) -> None:
     monkeypatch.setenv(env.PJRT_DEVICE.name, "CPU")  # XLA chosen the way torch_xla users choose it
+    # torch's autograd engine sizes its per-device queues at the first backward of the process: the
+    # XLA runtime must be up by then, or a later backward on the XLA device fails an internal assert.
+    torch_xla.device()
 
 
 def _data(n: int = 40) -> TensorDataset:
@@ -102,13 +101,16 @@ def test_gradients_are_averaged_once_per_boundary_and_never_between(monkeypatch)
     # Which calls average across replicas (a no-op in a world of one, so it is observed, not faked).
     import torch_xla.core.xla_model as xm
 
-    averaged, original = [], xm.reduce_gradients
-    monkeypatch.setattr(xm, "reduce_gradients", lambda opt, *a, **k: (averaged.append(step), original(opt, *a, **k)))
+    averaged, micro_step, original = [], [0], xm.reduce_gradients
+    monkeypatch.setattr(
+        xm, "reduce_gradients", lambda opt, *a, **k: (averaged.append(micro_step[0]), original(opt, *a, **k))
+    )
     accelerator = Accelerator(gradient_accumulation_steps=2)
     model = torch.nn.Linear(4, 1)
     model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     accelerator.state.world_size = 2  # as on two TPU cores: averaging is due on boundaries
     for step in range(4):
+        micro_step[0] = step
         with accelerator.accumulate(model):
             accelerator.backward(model(torch.ones(2, 4, device=accelerator.device)).sum())
             accelerator.clip_grad_norm_(model.parameters(), 1.0)  # every micro-step, as many scripts do
@@ -154,6 +156,26 @@ class _Broken(Dataset):
         if index == 21:
             raise KeyError(f"sample {index} is corrupt")
         return torch.tensor([float(index)])
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        yield from (torch.tensor([float(i)]) for i in range(7))
+
+    def __len__(self) -> int:
+        return 7
+
+
+def test_an_iterable_dataset_is_read_by_each_replica_not_dispatched() -> None:
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(_Stream(), batch_size=2))
+    batches, flags = [], []
+    for batch in loader:
+        batches.append(batch.cpu().flatten().tolist())
+        flags.append(accelerator.gradient_state.end_of_dataloader)
+    assert batches == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0]]
+    assert flags == [False, False, False, True]
+    assert type(loader._loader).__name__ == "DataLoaderShard"
 
 
 def test_an_error_in_the_dataset_reaches_the_loop() -> None:
@@ -268,24 +290,3 @@ def test_x_launch_tpu_trains_one_process_on_the_xla_cpu_runtime(tmp_path: Path) 
     report = json.loads((tmp_path / "rank0.json").read_text())
     assert report["distributed_type"] == "XLA" and report["device"] == "xla:0" and report["world"] == 1
     assert report["losses"][-1] < report["losses"][0] and all(math.isfinite(v) for v in report["losses"])
-
-
-@pytest.mark.requires_tpu
-def test_every_tpu_core_trains_one_replica_with_averaged_gradients(tmp_path: Path) -> None:
-    x_launch = Path(sys.executable).with_name("x-launch")
-    result = subprocess.run(
-        [str(x_launch), "--tpu", str(WORKERS / "xla_worker.py"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, env.PJRT_DEVICE.name: "TPU"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank*.json"))]
-    world = len(reports)
-    assert world > 1 and all(r["world"] == world for r in reports)
-    # Replicas start equal and see different batches; averaged gradients keep their weights equal.
-    assert all(r["weights"] == reports[0]["weights"] for r in reports)
-    assert all(r["gathered_ranks"] == list(range(world)) for r in reports)
-    assert all(r["rank_sum"] == world * (world - 1) / 2 for r in reports)
-    assert all(r["objects"] == [f"rank{i}" for i in range(world)] for r in reports)

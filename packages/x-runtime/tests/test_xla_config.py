@@ -31,9 +31,12 @@ def test_xla_without_torch_xla_says_how_to_install_it(monkeypatch) -> None:
     )
 
 
-def test_pjrt_device_with_cpu_true_trains_on_the_cpu_without_importing_torch_xla(monkeypatch) -> None:
+@pytest.mark.parametrize("how", ["cpu=True", "x-launch --cpu"])
+def test_pjrt_device_with_cpu_asked_trains_on_the_cpu_without_importing_torch_xla(monkeypatch, how: str) -> None:
     monkeypatch.setenv(env.PJRT_DEVICE.name, "TPU")
-    accelerator = Accelerator(cpu=True)
+    if how == "x-launch --cpu":
+        monkeypatch.setenv(env.USE_CPU.name, "1")
+    accelerator = Accelerator(cpu=how == "cpu=True")
     assert (accelerator.distributed_type, accelerator.device.type) == ("NO", "cpu")
     assert HAS_TORCH_XLA or "torch_xla" not in sys.modules
 
@@ -85,3 +88,25 @@ def test_optimizers_built_before_a_parameter_swap_follow_the_new_parameters() ->
     model(torch.ones(1, 3)).sum().backward()
     optimizer.step()
     assert torch.equal(model.weight, before[0] - 1.0)
+
+
+def test_dispatching_batches_is_refused_across_xla_replicas() -> None:
+    import functools
+
+    from x_runtime.data_loader import prepare_data_loader
+    from x_runtime.gradient_state import GradientState
+    from x_runtime.strategies.xla import XLAStrategy
+
+    state = ProcessState(0, 0, 2, 2, 0, torch.device("xla"), "xla", "XLA", "xla")
+    strategy = XLAStrategy(state, GradientState())
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
+    build = functools.partial(prepare_data_loader, loader, num_processes=2, process_index=0, dispatch_batches=True)
+    with pytest.raises(ValueError) as caught:
+        strategy.build_loader(build, torch.device("xla"), GradientState())
+    assert str(caught.value) == (
+        "dispatch_batches=True on XLA devices: every replica reads its own share of the data here; "
+        "drop dispatch_batches (iterable datasets are split the same way)"
+    )
+    # Without a device the loader is built as usual, read by this replica (no dispatching).
+    kept = strategy.build_loader(functools.partial(build, dispatch_batches=None), None, GradientState())
+    assert type(kept).__name__ == "DataLoaderShard" and [b.tolist() for b in kept] == [[0, 1], [4, 5]]

@@ -75,6 +75,7 @@ class ProcessState:
         """
         where = process_env(environ)
         asked = env.DISTRIBUTED_TYPE.read(environ)
+        cpu = cpu or bool(env.USE_CPU.read(environ))
         if asked == DistributedType.XLA or (env.PJRT_DEVICE.is_set(environ) and not cpu):
             from x_runtime.strategies.xla import xla_process_state
 
@@ -87,10 +88,9 @@ class ProcessState:
                 init_method=init_method,
                 timeout=timeout or timedelta(seconds=env.PROCESS_GROUP_TIMEOUT.read(environ)),
                 backend=backend,
-                cpu=cpu or bool(env.USE_CPU.read(environ)),
+                cpu=cpu,
                 source_flag=flag,
             )
-        cpu = cpu or bool(env.USE_CPU.read(environ))
         device = _pick_device(cpu, where.local_rank)
         distributed_type = _distributed_type(where, device)
         # x-launch runs one process without torchrun, so no RANK: its contract flag stands in.
@@ -155,9 +155,8 @@ class ProcessState:
             # xla:// would bind MASTER_PORT (12355 by default) for a store nobody else reads.
             dist.init_process_group(backend="xla", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         else:
-            dist.init_process_group(
-                backend="xla", init_method=init_method, rank=self.rank, world_size=self.world_size, timeout=timeout
-            )
+            # The xla:// rendezvous takes rank and world from the XLA runtime itself.
+            dist.init_process_group(backend="xla", init_method=init_method, timeout=timeout)
         self.owns_process_group = True
 
     @property

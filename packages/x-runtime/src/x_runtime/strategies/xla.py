@@ -137,13 +137,21 @@ class XLAStrategy(DDPStrategy):
         return self._moves.repoint(optimizer)
 
     def build_loader(self, build: Any, device: torch.device | None, gradient_state: Any) -> Any:
+        # Every replica reads its own share: dispatching (rank 0 reads and sends) would run its
+        # collectives on CPU tensors, which the xla backend does not move, from the reader thread.
+        if getattr(build, "keywords", {}).get("dispatch_batches") and self.state.world_size > 1:
+            raise ValueError(
+                "dispatch_batches=True on XLA devices: every replica reads its own share of the data here; "
+                "drop dispatch_batches (iterable datasets are split the same way)"
+            )
         if device is None:
-            return build(device=None, gradient_state=gradient_state)
+            return build(device=None, gradient_state=gradient_state, dispatch_batches=False)
         from x_runtime.strategies.xla_loader import XLADeviceLoader
 
         # The CPU loader runs ahead in ParallelLoader's thread: it reports to a gradient state of
         # its own, and the device loader reports each batch's flags as the loop receives it.
-        return XLADeviceLoader(build(device=None, gradient_state=GradientState()), device, gradient_state)
+        cpu_loader = build(device=None, gradient_state=GradientState(), dispatch_batches=False)
+        return XLADeviceLoader(cpu_loader, device, gradient_state)
 
     # --- the step ----------------------------------------------------------------------------
     def _average_gradients(self, optimizer: torch.optim.Optimizer) -> None:
