@@ -119,6 +119,53 @@ def test_gradients_are_averaged_once_per_boundary_and_never_between(monkeypatch)
     assert averaged == [1, 3]  # on the boundaries only, once each (clipping did it; the step did not redo it)
 
 
+def test_each_optimizer_is_averaged_when_its_parameters_are_clipped(monkeypatch) -> None:
+    # A GAN's step: two losses, two optimizers; the second backward makes new local gradients.
+    import torch_xla.core.xla_model as xm
+
+    averaged, original = [], xm.reduce_gradients
+    monkeypatch.setattr(xm, "reduce_gradients", lambda opt, *a, **k: (averaged.append(opt), original(opt, *a, **k)))
+    accelerator = Accelerator()
+    d_model, g_model = torch.nn.Linear(4, 1), torch.nn.Linear(4, 4)
+    d_opt, g_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (d_model, g_model))
+    d_model, g_model, d_opt, g_opt = accelerator.prepare(d_model, g_model, d_opt, g_opt)
+    accelerator.state.world_size = 2
+    x = torch.ones(2, 4, device=accelerator.device)
+    accelerator.backward(d_model(g_model(x).detach()).sum())
+    accelerator.clip_grad_norm_(d_model.parameters(), 1.0)
+    d_opt.step()
+    accelerator.backward(d_model(g_model(x)).sum())
+    accelerator.clip_grad_norm_(g_model.parameters(), 1.0)
+    g_opt.step()
+    assert averaged == [d_opt.optimizer, g_opt.optimizer]  # each once, after its own backward
+
+
+def test_tied_weights_stay_tied_on_the_device_and_train_like_plain_pytorch() -> None:
+    def tied() -> torch.nn.Module:
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Embedding(10, 6), torch.nn.Linear(6, 10, bias=False))
+        model[1].weight = model[0].weight  # as language models tie their output head to the embedding
+        return model
+
+    def train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        tokens = torch.arange(8, device=device).remainder(10)
+        for _ in range(3):
+            loss = torch.nn.functional.cross_entropy(model(tokens), tokens)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    accelerator = Accelerator()
+    model = tied()
+    model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=0.1))
+    assert model[1].weight is model[0].weight and len(list(model.parameters())) == 1
+    assert optimizer.param_groups[0]["params"][0] is model[0].weight
+    train(model, optimizer, accelerator.device)
+    reference = tied()
+    train(reference, torch.optim.AdamW(reference.parameters(), lr=0.1), torch.device("cpu"))
+    assert (model[0].weight.cpu() - reference[0].weight).abs().max().item() < 1e-5
+
+
 def test_loader_flags_follow_the_loop_not_the_read_ahead() -> None:
     # 37 samples in batches of 2: 19 batches, more than ParallelLoader reads ahead (16); the last holds 1.
     accelerator = Accelerator()
@@ -146,6 +193,27 @@ def test_leaving_the_loop_early_keeps_the_loops_position() -> None:
     assert not accelerator.gradient_state.in_dataloader
     (first,) = next(iter(loader))
     assert first.cpu().tolist() == [0.0, 1.0]  # a new iteration starts the unfinished epoch again
+
+
+def test_a_checkpoint_after_skip_first_batches_records_the_loops_place() -> None:
+    accelerator = Accelerator()
+    loader = accelerator.prepare(DataLoader(TensorDataset(torch.arange(80.0)), batch_size=2))
+    resumed = accelerator.skip_first_batches(loader, 2)
+    for index, _ in enumerate(resumed):
+        if index == 3:
+            # What save_state records: the original loader, 2 skipped + 4 received (not the read-ahead).
+            assert loader.state_dict()["batches_yielded"] == 6 and resumed.state_dict()["batches_yielded"] == 6
+            break
+
+
+def test_xla_generator_starts_from_torchs_seed() -> None:
+    import torch_xla.core.xla_model as xm
+
+    torch.manual_seed(11)  # as set_seed() before Accelerator() leaves it
+    device = Accelerator().device
+    first = torch.rand(3, device=device).cpu()
+    xm.set_rng_state(11)
+    assert torch.equal(first, torch.rand(3, device=device).cpu())
 
 
 class _Broken(Dataset):
@@ -277,16 +345,27 @@ def test_save_model_and_save_write_cpu_files(tmp_path: Path) -> None:
     assert torch.load(tmp_path / "w.pt", weights_only=True)["w"].device.type == "cpu"
 
 
-def test_x_launch_tpu_trains_one_process_on_the_xla_cpu_runtime(tmp_path: Path) -> None:
-    x_launch = Path(sys.executable).with_name("x-launch")
+def _one_xla_process(argv: list[str], out: Path) -> dict:
+    """Run ``argv`` (a launch of workers/xla_worker.py) on the XLA CPU runtime; rank 0's report."""
     result = subprocess.run(
-        [str(x_launch), "--tpu", "--num_processes", "1", str(WORKERS / "xla_worker.py"), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, env.PJRT_DEVICE.name: "CPU"},
+        [*argv, str(out)], capture_output=True, text=True, timeout=300, env={**os.environ, env.PJRT_DEVICE.name: "CPU"}
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    report = json.loads((tmp_path / "rank0.json").read_text())
+    return json.loads((out / "rank0.json").read_text())
+
+
+def test_x_launch_tpu_trains_one_process_on_the_xla_cpu_runtime(tmp_path: Path) -> None:
+    x_launch = Path(sys.executable).with_name("x-launch")
+    report = _one_xla_process(
+        [str(x_launch), "--tpu", "--num_processes", "1", str(WORKERS / "xla_worker.py")], tmp_path
+    )
     assert report["distributed_type"] == "XLA" and report["device"] == "xla:0" and report["world"] == 1
     assert report["losses"][-1] < report["losses"][0] and all(math.isfinite(v) for v in report["losses"])
+
+
+def test_torchrun_with_pjrt_device_trains_one_xla_process(tmp_path: Path) -> None:
+    script = tmp_path / "run.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(WORKERS)!r})\nimport xla_worker\nxla_worker.main()\n")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
+    report = _one_xla_process([*torchrun, str(script)], tmp_path)
+    assert (report["distributed_type"], report["device"], report["world"]) == ("XLA", "xla:0", 1)

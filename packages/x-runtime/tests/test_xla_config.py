@@ -53,8 +53,10 @@ def test_the_launchers_xla_contradicting_cpu_true_names_both(monkeypatch) -> Non
 def test_xla_refuses_another_process_group_backend(monkeypatch) -> None:
     from x_runtime import InitProcessGroupKwargs
 
-    monkeypatch.setenv(env.PJRT_DEVICE.name, "CPU")
-    with pytest.raises(ValueError, match=r"PJRT_DEVICE=CPU: XLA replicas talk through the 'xla' backend, not 'gloo'"):
+    monkeypatch.setenv(env.DISTRIBUTED_TYPE.name, "XLA")
+    with pytest.raises(
+        ValueError, match=r"X_DISTRIBUTED_TYPE=XLA: XLA replicas talk through the 'xla' backend, not 'gloo'"
+    ):
         Accelerator(kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
 
 
@@ -110,3 +112,36 @@ def test_dispatching_batches_is_refused_across_xla_replicas() -> None:
     # Without a device the loader is built as usual, read by this replica (no dispatching).
     kept = strategy.build_loader(functools.partial(build, dispatch_batches=None), None, GradientState())
     assert type(kept).__name__ == "DataLoaderShard" and [b.tolist() for b in kept] == [[0, 1], [4, 5]]
+
+
+def test_an_explicit_launcher_choice_beats_an_ambient_pjrt_device(monkeypatch) -> None:
+    monkeypatch.setenv(env.PJRT_DEVICE.name, "TPU")
+    monkeypatch.setenv(env.DISTRIBUTED_TYPE.name, "NO")
+    accelerator = Accelerator()
+    assert (accelerator.distributed_type, accelerator.device.type) == ("NO", "cpu")
+
+
+@pytest.mark.skipif(HAS_TORCH_XLA, reason="torch_xla is installed here")
+def test_an_ambient_pjrt_device_without_torch_xla_is_not_an_error(monkeypatch) -> None:
+    monkeypatch.setenv(env.PJRT_DEVICE.name, "TPU")
+    assert Accelerator().distributed_type == "NO"
+
+
+def test_a_prepared_optimizer_pickles_without_its_strategy_hooks() -> None:
+    import pickle
+
+    from x_runtime.gradient_state import GradientState
+    from x_runtime.optimizer import AcceleratedOptimizer
+    from x_runtime.strategies.xla import XLAStrategy
+
+    state = ProcessState(0, 0, 1, 1, 0, torch.device("xla"), "xla", "XLA", "xla")
+    strategy = XLAStrategy(state, GradientState())  # holds WeakSets, which do not pickle
+    model = torch.nn.Linear(2, 1)
+    optimizer = AcceleratedOptimizer(
+        strategy.prepare_optimizer(torch.optim.SGD(model.parameters(), lr=0.5)),
+        gradient_state=GradientState(),
+        before_step=strategy.before_step,
+        after_step=strategy.after_step,
+    )
+    copy = pickle.loads(pickle.dumps(optimizer))
+    assert copy.param_groups[0]["lr"] == 0.5 and copy._before_step is None and copy._after_step is None

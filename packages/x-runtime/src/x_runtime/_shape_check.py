@@ -7,6 +7,7 @@ none, instead of hanging in a collective whose sizes disagree.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -148,8 +149,20 @@ def _all_gather_words(words: list[int], world: int) -> list[list[int]]:
 
 def _all_gather_objects(obj: Any, world: int) -> list[Any]:
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, obj)
+    dist.all_gather_object(gathered, obj, group=object_group())
     return gathered
+
+
+def object_group() -> Any:
+    """The group pickled objects travel in: the default one, except under XLA (tensors only)."""
+    return _gloo_beside(dist.group.WORLD) if dist.get_backend() == "xla" else None
+
+
+@functools.lru_cache(maxsize=1)
+def _gloo_beside(world: Any) -> Any:
+    # Keyed by the default group: a group created again (after a destroy) gets its own companion.
+    # Every rank creates it at its first object collective, which every rank calls.
+    return dist.new_group(backend="gloo")
 
 
 def _meta_device() -> torch.device:

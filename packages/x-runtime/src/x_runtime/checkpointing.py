@@ -107,7 +107,7 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
         if parts.scaler is not None:
             torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
         for index, obj in enumerate(parts.custom):
-            torch_save(obj.state_dict(), partial / f"custom_checkpoint_{index}.bin")
+            torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.bin")
         loaders = [loader.state_dict() for loader in parts.dataloaders]
         write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
     torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")

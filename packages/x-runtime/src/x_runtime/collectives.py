@@ -17,7 +17,6 @@ gathering and trimming them) where Accelerate requires ``pad_across_processes`` 
 
 from __future__ import annotations
 
-import functools
 import operator
 from typing import Any
 
@@ -34,6 +33,7 @@ from x_runtime._shape_check import (
     _rebuild,
     _Table,
     _walk,
+    object_group,
 )
 from x_runtime.nested import apply
 
@@ -164,7 +164,7 @@ def gather_object(obj: Any) -> list[Any]:
     if world == 1:
         return list(obj) if isinstance(obj, list) else [obj]
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, obj, group=_object_group())
+    dist.all_gather_object(gathered, obj, group=object_group())
     out: list[Any] = []
     for item in gathered:
         if isinstance(item, list):
@@ -256,7 +256,9 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     def one(tensor: torch.Tensor) -> torch.Tensor:
         result = tensor.clone()
         if reduction != "none" and world > 1:
+            result = _on_xla_if_needed(result)
             dist.all_reduce(result, op=_REDUCTIONS[reduction])
+            result = result.to(tensor.device)
         if reduction == "mean":
             result = result / world
         if scale != 1.0:  # an integer tensor times 1.0 would turn floating point for nothing
@@ -296,7 +298,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
 
     def one(tensor: torch.Tensor) -> None:
         target = tensor.detach()  # same storage; lets parameters (leaves needing grad) be overwritten
-        buffer = target if target.is_contiguous() else target.contiguous()
+        buffer = _on_xla_if_needed(target if target.is_contiguous() else target.contiguous())
         dist.broadcast(_wire(buffer), src=source)
         if buffer is not target:
             target.copy_(buffer)
@@ -312,7 +314,11 @@ def barrier() -> None:
     if dist.get_backend() == "xla":  # the xla backend's barrier returns at once
         import torch_xla.core.xla_model as xm
 
+        # rendezvous cuts the graph, and every cut advances the XLA generator: a barrier (one in
+        # each save_state, say) must not change which random numbers the run draws next.
+        seed = xm.get_rng_state()
         xm.rendezvous("x_runtime.barrier")
+        xm.set_rng_state(seed)
     else:
         dist.barrier()
 
@@ -339,7 +345,7 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     world = world_size()
     source = _source_rank("broadcast_object_list", from_process, world)
     if world > 1:
-        dist.broadcast_object_list(object_list, src=source, group=_object_group())
+        dist.broadcast_object_list(object_list, src=source, group=object_group())
     return object_list
 
 
@@ -352,15 +358,11 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
 # --- moving the data ---------------------------------------------------------------------------
 
 
-def _object_group() -> Any:
-    """The group pickled objects travel in: the default one, except under XLA (tensors only)."""
-    return _gloo_beside_xla() if dist.get_backend() == "xla" else None
-
-
-@functools.cache
-def _gloo_beside_xla() -> Any:
-    # Created once per process, by every rank at its first object collective (a collective too).
-    return dist.new_group(backend="gloo")
+def _on_xla_if_needed(tensor: torch.Tensor) -> torch.Tensor:
+    # The xla backend moves XLA tensors only; a CPU tensor takes a round trip through the device.
+    if dist.get_backend() != "xla" or tensor.device.type == "xla":
+        return tensor
+    return tensor.to(_meta_device())
 
 
 def _as_rows(tensor: torch.Tensor) -> torch.Tensor:

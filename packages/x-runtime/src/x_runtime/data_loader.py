@@ -333,9 +333,9 @@ def _shared_seed(data_seed: int | None, generator: torch.Generator | None, num_p
         return int(data_seed)
     seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
     if num_processes > 1 and dist.is_available() and dist.is_initialized():
-        box: list[Any] = [seed]
-        dist.broadcast_object_list(box, src=0)
-        seed = int(box[0])
+        from x_runtime.collectives import broadcast_object_list
+
+        seed = int(broadcast_object_list([seed], from_process=0)[0])
     return seed
 
 

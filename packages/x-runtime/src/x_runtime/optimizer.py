@@ -130,10 +130,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return getattr(self.optimizer, name)
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__
+        # The strategy hooks stay behind: they are bound to the accelerator's strategy, which
+        # holds weak references (neither picklable nor meaningful in a copy).
+        return {k: v for k, v in self.__dict__.items() if k not in ("_before_step", "_after_step")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"_before_step": None, "_after_step": None, **state})
 
     def __repr__(self) -> str:
         return f"AcceleratedOptimizer({self.optimizer!r})"

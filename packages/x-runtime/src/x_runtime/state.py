@@ -76,7 +76,9 @@ class ProcessState:
         where = process_env(environ)
         asked = env.DISTRIBUTED_TYPE.read(environ)
         cpu = cpu or bool(env.USE_CPU.read(environ))
-        if asked == DistributedType.XLA or (env.PJRT_DEVICE.is_set(environ) and not cpu):
+        # An ambient PJRT_DEVICE picks XLA only when nothing else was asked and torch_xla is there.
+        ambient = asked is None and not cpu and env.PJRT_DEVICE.is_set(environ) and _has_torch_xla()
+        if asked == DistributedType.XLA or ambient:
             from x_runtime.strategies.xla import xla_process_state
 
             flag = (
@@ -154,9 +156,12 @@ class ProcessState:
         if self.world_size == 1:
             # xla:// would bind MASTER_PORT (12355 by default) for a store nobody else reads.
             dist.init_process_group(backend="xla", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-        else:
-            # The xla:// rendezvous takes rank and world from the XLA runtime itself.
+        elif init_method == "xla://":  # its rendezvous takes rank and world from the XLA runtime
             dist.init_process_group(backend="xla", init_method=init_method, timeout=timeout)
+        else:
+            dist.init_process_group(
+                backend="xla", init_method=init_method, rank=self.rank, world_size=self.world_size, timeout=timeout
+            )
         self.owns_process_group = True
 
     @property
@@ -212,3 +217,9 @@ def _distributed_type(where: ProcessEnv, device: torch.device) -> str:
     return {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}.get(
         device.type, DistributedType.MULTI_CPU
     )
+
+
+def _has_torch_xla() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torch_xla") is not None

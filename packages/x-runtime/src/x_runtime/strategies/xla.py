@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from x_runtime import nested
 from x_runtime.checkpointing import torch_save
@@ -69,7 +70,21 @@ def xla_process_state(
     if backend not in (None, "xla"):
         raise ValueError(f"{source_flag}: XLA replicas talk through the 'xla' backend, not {backend!r}")
     torch_xla = import_torch_xla()
+    init_method = init_method or "xla://"
+    joined = False
+    if dist.is_torchelastic_launched() and not dist.is_initialized():
+        # Under torchrun, torch_xla binds each process to its own device inside the xla://
+        # rendezvous: asking the runtime anything first would open every device in every process.
+        dist.init_process_group(backend="xla", init_method=init_method, timeout=timeout)
+        joined = True
     runtime = torch_xla.runtime
+    devices = runtime.addressable_device_count()
+    if devices > 1:
+        raise ValueError(
+            f"this process drives {devices} XLA devices (TPU v2/v3 hosts, or CPU_NUM_DEVICES/GPU_NUM_DEVICES > 1); "
+            "x_runtime runs one replica per process and device: start one process per device "
+            "(x-launch --tpu does) on TPU v4 or newer"
+        )
     world, rank = runtime.world_size(), runtime.global_ordinal()
     local_world = max(1, runtime.local_process_count())
     state = ProcessState(
@@ -83,8 +98,13 @@ def xla_process_state(
         distributed_type=DistributedType.XLA,
         source="xla",
     )
-    # Joined in a world of one too: collectives and barriers then take the same path as on a pod.
-    state._join_xla(init_method or "xla://", timeout)
+    if joined:
+        state.owns_process_group = True
+    else:  # a world of one joins too: collectives and barriers then take the same path as on a pod
+        state._join_xla(init_method, timeout)
+    # The XLA generator does not follow torch.manual_seed; starting it from torch's seed carries a
+    # set_seed() made before the accelerator existed (or torch's own random seed) to the device.
+    torch_xla.core.xla_model.set_rng_state(torch.initial_seed())
     return state
 
 
@@ -124,8 +144,19 @@ class XLAStrategy(DDPStrategy):
         self._moves = ParameterMoves()
 
     def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        # Module.to makes new Parameter objects for XLA (XLA tensors share no CPU storage), one per
+        # module that holds a parameter, so shared (tied) weights would come apart: tie them again.
+        owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+        for module in model.modules():
+            for key, param in module._parameters.items():
+                if param is not None:
+                    owners.setdefault(id(param), []).append((module, key))
         before = list(model.parameters())
-        model = model.to(self.state.device)  # new Parameter objects: XLA tensors share no CPU storage
+        model = model.to(self.state.device)
+        for old in before:
+            (first, first_key), *others = owners[id(old)]
+            for module, key in others:
+                module._parameters[key] = first._parameters[first_key]
         self._moves.record(before, model.parameters())
         return model
 
@@ -154,6 +185,10 @@ class XLAStrategy(DDPStrategy):
         return XLADeviceLoader(cpu_loader, device, gradient_state)
 
     # --- the step ----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None, **kwargs: Any) -> None:
+        self._reduced.clear()  # new local gradients: whatever was averaged must be averaged again
+        super().backward(loss, scaler, **kwargs)
+
     def _average_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         if optimizer in self._reduced:
             return
@@ -174,9 +209,14 @@ class XLAStrategy(DDPStrategy):
         # On a boundary the norm must be the averaged gradients' norm, the same on every replica.
         # Between boundaries the gradients stay local: averaged there, the micro-batches still to
         # come would add local gradients to averaged ones, and the step would not average again.
+        # Averaging again what is already averaged changes nothing, so any optimizer holding one of
+        # the clipped parameters is averaged (a GAN's two optimizers: each when its turn comes).
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
         if self.gradient_state.sync_gradients:
+            clipped = {id(p) for p in parameters}
             for optimizer in list(self._optimizers):
-                self._average_gradients(optimizer)
+                if any(id(p) in clipped for group in optimizer.param_groups for p in group["params"]):
+                    self._average_gradients(optimizer)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
     # --- weights -----------------------------------------------------------------------------

@@ -27,6 +27,16 @@ from x_runtime.gradient_state import GradientState
 __all__ = ["XLADeviceLoader"]
 
 
+class _Place:
+    """Where the loop is, shared by a loader and its ``skip_first_batches`` copies (as the CPU
+    loaders share their cursor), so a checkpoint taken through the original sees the copy's place."""
+
+    __slots__ = ("state",)
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] | None = None  # the CPU loader's state_dict as of the last batch out
+
+
 class _Numbered:
     """The CPU loader's batches as ``(number, batch)``, recording what the loader said of each."""
 
@@ -34,22 +44,26 @@ class _Numbered:
         self.loader = loader
         self.marks: dict[int, tuple[bool, int, dict[str, Any]]] = {}
         self.error: BaseException | None = None
+        self.started = False
         self.finished = threading.Event()
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
+        self.started = True
         loader = self.loader
-        batches = iter(loader)
+        batches = None
         try:
+            batches = iter(loader)
             for number, batch in enumerate(batches):
                 self.marks[number] = (loader.end_of_dataloader, loader.remainder, loader.state_dict())
                 yield number, batch
         except Exception as exc:  # handed to the loop: the reader thread would only print it
             self.error = exc
         finally:
-            batches.close()  # the CPU loader's own bookkeeping runs now, in this thread
+            if batches is not None:
+                batches.close()  # the CPU loader's own bookkeeping runs now, in this thread
             self.finished.set()
 
 
@@ -62,13 +76,15 @@ class XLADeviceLoader:
         gradient_state: the accelerator's; this loader registers there while it iterates.
     """
 
-    def __init__(self, loader: Any, device: torch.device, gradient_state: GradientState) -> None:
+    def __init__(
+        self, loader: Any, device: torch.device, gradient_state: GradientState, place: _Place | None = None
+    ) -> None:
         self._loader = loader
         self.device = device
         self.gradient_state = gradient_state
         self.end_of_dataloader = False
         self.remainder = -1
-        self._position: dict[str, Any] | None = None  # the loop's place while it iterates
+        self._place = place if place is not None else _Place()
 
     def __iter__(self) -> Iterator[Any]:
         import torch_xla.distributed.parallel_loader as pl
@@ -80,7 +96,7 @@ class XLADeviceLoader:
         completed = False
         try:
             for number, batch in parallel.per_device_loader(self.device):
-                self.end_of_dataloader, self.remainder, self._position = numbered.marks.pop(number)
+                self.end_of_dataloader, self.remainder, self._place.state = numbered.marks.pop(number)
                 yield batch
             if numbered.error is not None:
                 raise numbered.error
@@ -88,8 +104,9 @@ class XLADeviceLoader:
         finally:
             self.gradient_state._remove_dataloader(self)
             parallel.close()  # stops and joins its threads
-            numbered.finished.wait()
-            stopped_at, self._position = self._position, None
+            if numbered.started:  # the reader finalises the CPU loader before its thread ends
+                numbered.finished.wait(timeout=60)
+            stopped_at, self._place.state = self._place.state, None
             if not completed and stopped_at is not None:
                 # The reader ran ahead (perhaps to the epoch's end): the epoch and the position are
                 # where the loop stopped, as with any prepared loader left early.
@@ -101,11 +118,13 @@ class XLADeviceLoader:
 
     @property
     def epoch(self) -> int:
-        return int(self._position["epoch"]) if self._position is not None else self._loader.epoch
+        state = self._place.state
+        return int(state["epoch"]) if state is not None else self._loader.epoch
 
     def state_dict(self) -> dict[str, Any]:
         """As the wrapped loader's, for the last batch the loop received (not the read-ahead)."""
-        return dict(self._position) if self._position is not None else self._loader.state_dict()
+        state = self._place.state
+        return dict(state) if state is not None else self._loader.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._loader.load_state_dict(state)
@@ -114,7 +133,7 @@ class XLADeviceLoader:
         self._loader.set_epoch(epoch)
 
     def _with_skip(self, num_batches: int) -> XLADeviceLoader:
-        return XLADeviceLoader(self._loader._with_skip(num_batches), self.device, self.gradient_state)
+        return XLADeviceLoader(self._loader._with_skip(num_batches), self.device, self.gradient_state, self._place)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_loader":
