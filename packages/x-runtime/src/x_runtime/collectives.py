@@ -314,11 +314,10 @@ def barrier() -> None:
     if dist.get_backend() == "xla":  # the xla backend's barrier returns at once
         import torch_xla.core.xla_model as xm
 
-        # rendezvous cuts the graph, and every cut advances the XLA generator: a barrier (one in
-        # each save_state, say) must not change which random numbers the run draws next.
-        seed = xm.get_rng_state()
-        xm.rendezvous("x_runtime.barrier")
-        xm.set_rng_state(seed)
+        from x_runtime.random_state import keep_xla_rng
+
+        with keep_xla_rng():  # rendezvous cuts the graph
+            xm.rendezvous("x_runtime.barrier")
     else:
         dist.barrier()
 

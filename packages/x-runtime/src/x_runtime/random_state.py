@@ -6,13 +6,15 @@ States are stored as tensors, ints and tuples only, so a checkpoint loads with
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-__all__ = ["capture_rng_state", "restore_rng_state", "set_seed"]
+__all__ = ["capture_rng_state", "keep_xla_rng", "restore_rng_state", "set_seed"]
 
 
 def _numpy() -> Any | None:
@@ -30,6 +32,19 @@ def _xla_model() -> Any | None:
     import torch_xla.core.xla_model as xm
 
     return xm
+
+
+@contextlib.contextmanager
+def keep_xla_rng() -> Iterator[None]:
+    """Leave the XLA generator as it was: every graph cut (a sync, a rendezvous) advances it, and a
+    save or a barrier must not change which random numbers the run draws next."""
+    xm = _xla_model()
+    seed = xm.get_rng_state() if xm is not None else None
+    try:
+        yield
+    finally:
+        if xm is not None:
+            xm.set_rng_state(seed)
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False, *, process_index: int = 0) -> int:

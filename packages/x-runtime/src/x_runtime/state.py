@@ -150,20 +150,6 @@ class ProcessState:
         )
         self.owns_process_group = True
 
-    def _join_xla(self, init_method: str, timeout: timedelta) -> None:
-        if self._adopt_existing_group():
-            return
-        if self.world_size == 1:
-            # xla:// would bind MASTER_PORT (12355 by default) for a store nobody else reads.
-            dist.init_process_group(backend="xla", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-        elif init_method == "xla://":  # its rendezvous takes rank and world from the XLA runtime
-            dist.init_process_group(backend="xla", init_method=init_method, timeout=timeout)
-        else:
-            dist.init_process_group(
-                backend="xla", init_method=init_method, rank=self.rank, world_size=self.world_size, timeout=timeout
-            )
-        self.owns_process_group = True
-
     @property
     def is_main_process(self) -> bool:
         return self.rank == 0

@@ -80,27 +80,30 @@ class DDPStrategy:
         """``data`` in a form ``torch.save`` writes (XLA tensors must leave the device first)."""
         return data
 
+    def load_device(self, model: torch.nn.Module) -> torch.device:
+        """Where saved weights are read to before they are copied into ``model``."""
+        return next((p.device for p in model.parameters()), torch.device("cpu"))
+
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights (every rank calls this; only the main process needs them)."""
-        return model.state_dict()
+        return self.to_host(model.state_dict())
 
     def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
         """Write ``model``'s weights under ``folder``; return what the manifest should record."""
         if self.state.is_main_process:
-            save_tensors_file(model.state_dict(), folder / f"{name}.safetensors")
+            save_tensors_file(self.to_host(model.state_dict()), folder / f"{name}.safetensors")
         return {"layout": "full"}
 
     def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
         _refuse_layout(record, "full", folder)
-        device = next((p.device for p in model.parameters()), torch.device("cpu"))
         path = folder / f"{name}.safetensors"
-        weights = load_tensors_file(path, device=device)
+        weights = load_tensors_file(path, device=self.load_device(model))
         check_shapes(path, weights, model.state_dict())
         model.load_state_dict(weights, strict=strict)
 
     def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
         if self.state.is_main_process:
-            torch_save(optimizer.state_dict(), folder / f"{name}.bin")
+            torch_save(self.to_host(optimizer.state_dict()), folder / f"{name}.bin")
         return {"layout": "full"}
 
     def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:

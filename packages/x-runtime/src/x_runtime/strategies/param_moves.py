@@ -29,6 +29,26 @@ class ParameterMoves:
             if old is not new:
                 self._moved[id(old)] = (weakref.ref(old), new)
 
+    def move(self, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        """``model.to(device)``, recorded, with shared (tied) parameters still shared afterwards.
+
+        ``Module.to`` onto a device whose tensors cannot share a CPU tensor's storage (XLA) makes a
+        new ``Parameter`` per module holding one: an LM head would come apart from its embedding.
+        """
+        owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+        for module in model.modules():
+            for key, param in module._parameters.items():
+                if param is not None:
+                    owners.setdefault(id(param), []).append((module, key))
+        before = list(model.parameters())
+        model = model.to(device)
+        for old in before:
+            (first, first_key), *others = owners[id(old)]
+            for module, key in others:
+                module._parameters[key] = first._parameters[first_key]
+        self.record(before, model.parameters())
+        return model
+
     def repoint(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         for group in optimizer.param_groups:
             group["params"] = [self._current(p) for p in group["params"]]

@@ -20,18 +20,16 @@ from __future__ import annotations
 import importlib
 import weakref
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from x_runtime import nested
-from x_runtime.checkpointing import torch_save
 from x_runtime.gradient_state import GradientState
-from x_runtime.model_files import load_tensors_file, save_tensors_file
+from x_runtime.random_state import keep_xla_rng
 from x_runtime.state import DistributedType, ProcessState
-from x_runtime.strategies.ddp import DDPStrategy, _refuse_layout, check_shapes
+from x_runtime.strategies.ddp import DDPStrategy
 from x_runtime.strategies.param_moves import ParameterMoves
 
 __all__ = ["XLAStrategy", "import_torch_xla", "xla_process_state"]
@@ -100,12 +98,26 @@ def xla_process_state(
     )
     if joined:
         state.owns_process_group = True
-    else:  # a world of one joins too: collectives and barriers then take the same path as on a pod
-        state._join_xla(init_method, timeout)
+    elif not state._adopt_existing_group():
+        _join(state, init_method, timeout)
     # The XLA generator does not follow torch.manual_seed; starting it from torch's seed carries a
     # set_seed() made before the accelerator existed (or torch's own random seed) to the device.
     torch_xla.core.xla_model.set_rng_state(torch.initial_seed())
     return state
+
+
+def _join(state: ProcessState, init_method: str, timeout: timedelta) -> None:
+    """The xla process group; a world of one joins too, so collectives take the pod's path."""
+    if state.world_size == 1:
+        # xla:// would bind MASTER_PORT (12355 by default) for a store nobody else reads.
+        dist.init_process_group(backend="xla", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    elif init_method == "xla://":  # its rendezvous takes rank and world from the XLA runtime
+        dist.init_process_group(backend="xla", init_method=init_method, timeout=timeout)
+    else:
+        dist.init_process_group(
+            backend="xla", init_method=init_method, rank=state.rank, world_size=state.world_size, timeout=timeout
+        )
+    state.owns_process_group = True
 
 
 def sync() -> None:
@@ -121,13 +133,9 @@ def to_host(data: Any) -> Any:
     Every graph cut advances the XLA random generator; a save must not, or the run that saved
     would draw other dropout masks than the same run without the save (and than its resumption).
     """
-    import torch_xla.core.xla_model as xm
-
-    seed = xm.get_rng_state()
-    sync()
-    host = nested.send_to_device(data, torch.device("cpu"))
-    xm.set_rng_state(seed)
-    return host
+    with keep_xla_rng():
+        sync()
+        return nested.send_to_device(data, torch.device("cpu"))
 
 
 class XLAStrategy(DDPStrategy):
@@ -144,21 +152,7 @@ class XLAStrategy(DDPStrategy):
         self._moves = ParameterMoves()
 
     def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        # Module.to makes new Parameter objects for XLA (XLA tensors share no CPU storage), one per
-        # module that holds a parameter, so shared (tied) weights would come apart: tie them again.
-        owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
-        for module in model.modules():
-            for key, param in module._parameters.items():
-                if param is not None:
-                    owners.setdefault(id(param), []).append((module, key))
-        before = list(model.parameters())
-        model = model.to(self.state.device)
-        for old in before:
-            (first, first_key), *others = owners[id(old)]
-            for module, key in others:
-                module._parameters[key] = first._parameters[first_key]
-        self._moves.record(before, model.parameters())
-        return model
+        return self._moves.move(model, self.state.device)  # new Parameter objects on XLA, ties kept
 
     def wrap_model(self, model: torch.nn.Module, *, train: bool) -> torch.nn.Module:
         return model
@@ -219,28 +213,9 @@ class XLAStrategy(DDPStrategy):
                     self._average_gradients(optimizer)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
-    # --- weights -----------------------------------------------------------------------------
+    # --- weights: the DDP strategy's files, through the host -----------------------------------
     def to_host(self, data: Any) -> Any:
         return to_host(data)
 
-    def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        return to_host(model.state_dict())
-
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
-        weights = to_host(model.state_dict())  # every replica runs the graph; one writes
-        if self.state.is_main_process:
-            save_tensors_file(weights, folder / f"{name}.safetensors")
-        return {"layout": "full"}
-
-    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
-        _refuse_layout(record, "full", folder)
-        path = folder / f"{name}.safetensors"
-        weights = load_tensors_file(path, device=torch.device("cpu"))  # copied into the XLA parameters
-        check_shapes(path, weights, model.state_dict())
-        model.load_state_dict(weights, strict=strict)
-
-    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
-        state = to_host(optimizer.state_dict())
-        if self.state.is_main_process:
-            torch_save(state, folder / f"{name}.bin")
-        return {"layout": "full"}
+    def load_device(self, model: torch.nn.Module) -> torch.device:
+        return torch.device("cpu")  # safetensors cannot write into XLA tensors; load_state_dict copies

@@ -126,12 +126,6 @@ class XLADeviceLoader:
         state = self._place.state
         return dict(state) if state is not None else self._loader.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._loader.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        self._loader.set_epoch(epoch)
-
     def _with_skip(self, num_batches: int) -> XLADeviceLoader:
         return XLADeviceLoader(self._loader._with_skip(num_batches), self.device, self.gradient_state, self._place)
 
