@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from x_runtime.checkpointing import MANIFEST, latest_checkpoint, resolve_checkpoint
+from x_runtime.checkpoint.checkpointing import MANIFEST, latest_checkpoint, resolve_checkpoint
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from x_common import env
-from x_common._kinds import Bool, Choice, Float, Int, Str, StrList
 from x_common.env import CONTRACT, FOREIGN, EnvVar, launch_flag_var, read_contract, to_environ
+from x_common.kinds import Bool, Choice, Float, Int, Str, StrList
 
 PACKAGES = Path(__file__).resolve().parents[2]  # .../packages
 

@@ -13,12 +13,13 @@ import x_common
 SRC = str(Path(x_common.__file__).resolve().parents[1])
 
 EXPECTED_MODULES = {
-    "x_common._kinds",
+    "x_common.kinds",
     "x_common._nvml",
     "x_common._version",
     "x_common.devices",
     "x_common.dtypes",
     "x_common.env",
+    "x_common.fsdp_reshard",
     "x_common.host_memory",
     "x_common.module_sizes",
     "x_common.process_env",

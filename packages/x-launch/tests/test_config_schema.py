@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from x_common import env
-from x_launch.config_schema import IGNORED_KEYS, SCHEMA, SECTIONS, Field, check_value, nearest
-from x_launch.resolve import all_fields
+from x_common.kinds import Bool, Choice, Float, Int
+from x_launch.config_schema import IGNORED_KEYS, SCHEMA, SECTIONS, all_fields, check_value, nearest
 
 
 def typed(value: Any) -> tuple[str, Any]:
@@ -145,12 +145,12 @@ def test_number_field_rejects_non_scalar_yaml_value_with_value_error(value: Any)
 
 
 def test_describe_texts() -> None:
-    assert Field("int", minimum=1).describe() == "an integer >= 1"
-    assert Field("int", minimum=0, maximum=65535).describe() == "an integer from 0 to 65535"
-    assert Field("int").describe() == "an integer"
-    assert Field("float", minimum=0).describe() == "a number >= 0"
-    assert Field("choice", choices=("a", "b")).describe() == "one of a, b"
-    assert Field("bool").describe() == "true or false"
+    assert Int(minimum=1).describe() == "an integer >= 1"
+    assert Int(minimum=0, maximum=65535).describe() == "an integer from 0 to 65535"
+    assert Int().describe() == "an integer"
+    assert Float(minimum=0).describe() == "a number >= 0"
+    assert Choice(("a", "b")).describe() == "one of a, b"
+    assert Bool().describe() == "true or false"
 
 
 # --- the key sets -----------------------------------------------------------------------------
@@ -177,47 +177,44 @@ def test_every_default_is_already_canonical() -> None:
 
 # Runtime variables that carry a config key to the training process: the launcher's default
 # must be the runtime's default, or an unset key would mean different things on each side.
-CONTRACT_PAIRS = {
+# The table says which variable carries which key; a few pairs are pinned here so that a row
+# losing its variable (or getting another one) fails; test_contract_env.py checks that every
+# row's variable reaches the child environment.
+PINNED_PAIRS = {
     "mixed_precision": env.MIXED_PRECISION,
     "use_cpu": env.USE_CPU,
-    "gradient_accumulation_steps": env.GRADIENT_ACCUMULATION_STEPS,
     "debug": env.DEBUG_MODE,
     "dynamo_config.dynamo_backend": env.DYNAMO_BACKEND,
-    "dynamo_config.dynamo_mode": env.DYNAMO_MODE,
-    "dynamo_config.dynamo_use_fullgraph": env.DYNAMO_FULLGRAPH,
-    "dynamo_config.dynamo_use_dynamic": env.DYNAMO_DYNAMIC,
-    "dynamo_config.dynamo_use_regional_compilation": env.DYNAMO_REGIONAL,
-    "fsdp_config.fsdp_version": env.FSDP_VERSION,
     "fsdp_config.fsdp_reshard_after_forward": env.FSDP_RESHARD_AFTER_FORWARD,
-    "fsdp_config.fsdp_sharding_strategy": env.FSDP_SHARDING_STRATEGY,
-    "fsdp_config.fsdp_auto_wrap_policy": env.FSDP_AUTO_WRAP_POLICY,
-    "fsdp_config.fsdp_min_num_params": env.FSDP_MIN_NUM_PARAMS,
-    "fsdp_config.fsdp_offload_params": env.FSDP_OFFLOAD_PARAMS,
-    "fsdp_config.fsdp_state_dict_type": env.FSDP_STATE_DICT_TYPE,
-    "fsdp_config.fsdp_activation_checkpointing": env.FSDP_ACTIVATION_CHECKPOINTING,
-    "fsdp_config.fsdp_cpu_ram_efficient_loading": env.FSDP_CPU_RAM_EFFICIENT_LOADING,
-    "fsdp_config.fsdp_sync_module_states": env.FSDP_SYNC_MODULE_STATES,
-    "fsdp_config.fsdp_use_orig_params": env.FSDP_USE_ORIG_PARAMS,
-    "fsdp_config.fsdp_forward_prefetch": env.FSDP_FORWARD_PREFETCH,
-    "fsdp_config.fsdp_backward_prefetch": env.FSDP_BACKWARD_PREFETCH,
-    "deepspeed_config.zero_stage": env.DEEPSPEED_ZERO_STAGE,
-    "deepspeed_config.offload_optimizer_device": env.DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE,
-    "deepspeed_config.offload_param_device": env.DEEPSPEED_OFFLOAD_PARAM_DEVICE,
-    "deepspeed_config.gradient_clipping": env.DEEPSPEED_GRADIENT_CLIPPING,
+    "fsdp_config.fsdp_transformer_layer_cls_to_wrap": env.FSDP_TRANSFORMER_CLS_TO_WRAP,
     "deepspeed_config.zero3_init_flag": env.DEEPSPEED_ZERO3_INIT,
-    "deepspeed_config.zero3_save_16bit_model": env.DEEPSPEED_ZERO3_SAVE_16BIT_MODEL,
 }
+CARRIED = {key: field.env for key, field in FIELDS.items() if field.env is not None}
 
 
-@pytest.mark.parametrize("key", sorted(CONTRACT_PAIRS))
+def test_pinned_keys_travel_as_their_variables() -> None:
+    assert {key: CARRIED.get(key) for key in PINNED_PAIRS} == PINNED_PAIRS
+    # Keys the runtime does not read carry nothing.
+    assert not {"num_machines", "gpu_ids", "deepspeed_config.gradient_accumulation_steps"} & set(CARRIED)
+
+
+def test_no_two_keys_travel_as_one_variable() -> None:
+    assert len(set(CARRIED.values())) == len(CARRIED)
+
+
+@pytest.mark.parametrize("key", sorted(CARRIED))
 def test_config_default_and_choices_match_the_runtime_contract(key: str) -> None:
-    field, var = FIELDS[key], CONTRACT_PAIRS[key]
+    field, var = FIELDS[key], CARRIED[key]
+    if key == "distributed_type":
+        # The runtime's None means "not launched by x-launch"; the launcher always sends a type.
+        assert var.default is None and field.default in field.choices
+        return
     if isinstance(field.default, str):
         assert field.default.lower() == var.default.lower()
     else:
         assert typed(field.default) == typed(var.default)
     runtime_choices = getattr(var.kind, "choices", None)
-    if field.kind == "choice":
+    if isinstance(field.kind, Choice):
         assert [c.lower() for c in field.choices] == [c.lower() for c in runtime_choices]
 
 

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from x_launch.config_file import ConfigError, load_config
-from x_launch.config_schema import SCHEMA, SECTIONS
-from x_launch.resolve import Setting, all_fields, resolve
+from x_launch.config_schema import SCHEMA, SECTIONS, all_fields
+from x_launch.launch_config import Setting
+from x_launch.resolve import resolve
 
 
 def typed(setting: Setting) -> tuple[str, Any, str]:

@@ -17,8 +17,9 @@ from x_common import env
 from x_launch import slurm_plan
 from x_launch.cli import main
 from x_launch.config_file import ConfigError, load_config
+from x_launch.launch_config import Setting
 from x_launch.launch_plan import build_plan
-from x_launch.resolve import Setting, resolve
+from x_launch.resolve import resolve
 
 PY = "/opt/py/bin/python"
 

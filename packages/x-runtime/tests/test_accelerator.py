@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from x_common import env
 from x_runtime import Accelerator, AutocastKwargs, DataLoaderConfiguration, GradientAccumulationPlugin
-from x_runtime.optimizer import AcceleratedOptimizer
-from x_runtime.scheduler import AcceleratedScheduler
+from x_runtime.optim.optimizer import AcceleratedOptimizer
+from x_runtime.optim.scheduler import AcceleratedScheduler
 
 
 def _parts(n: int = 8, batch: int = 2):

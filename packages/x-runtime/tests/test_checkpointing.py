@@ -9,8 +9,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from x_runtime import Accelerator, ProjectConfiguration, checkpointing
-from x_runtime.model_files import load_state_dict_files
+from x_runtime import Accelerator, ProjectConfiguration
+from x_runtime.checkpoint import checkpointing
+from x_runtime.checkpoint.model_files import load_state_dict_files
 
 
 class Tied(torch.nn.Module):

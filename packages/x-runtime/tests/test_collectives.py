@@ -1,4 +1,4 @@
-"""x_runtime.collectives: identity on one process, real gloo collectives on 2 and 3 processes.
+"""x_runtime.process.collectives: identity on one process, real gloo collectives on 2 and 3 processes.
 
 Launching torchrun costs seconds, so ``workers/collectives_worker.py`` runs every scenario in one
 launch per world size and the tests below read its per-rank reports (cached for the module).
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import x_runtime.collectives as c
+import x_runtime.process.collectives as c
 
 WORKER = Path(__file__).parent / "workers" / "collectives_worker.py"
 _spec = importlib.util.spec_from_file_location("collectives_worker", WORKER)

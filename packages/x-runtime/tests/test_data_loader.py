@@ -20,15 +20,15 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 
-from x_runtime import data_loader, samplers
-from x_runtime.data_loader import (
+from x_runtime.data import data_loader, loaders, samplers
+from x_runtime.data.data_loader import (
     DataLoaderDispatcher,
     DataLoaderShard,
     SeedableRandomSampler,
     prepare_data_loader,
     skip_first_batches,
 )
-from x_runtime.gradient_state import GradientState
+from x_runtime.data.gradient_state import GradientState
 
 TESTS = Path(__file__).parent
 
@@ -423,7 +423,7 @@ def test_dispatch_over_several_processes_needs_torch_distributed() -> None:
 
 
 def test_docstring_examples_run() -> None:
-    for module in (data_loader, samplers):
+    for module in (data_loader, loaders, samplers):
         assert doctest.testmod(module).failed == 0
 
 

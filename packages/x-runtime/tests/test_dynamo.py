@@ -8,7 +8,7 @@ from torch import nn
 
 from x_common import env
 from x_runtime import Accelerator, TorchDynamoPlugin
-from x_runtime.strategies.dynamo import repeated_blocks
+from x_runtime.precision.dynamo import repeated_blocks
 
 
 class Layer(nn.Module):

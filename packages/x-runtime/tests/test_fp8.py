@@ -8,7 +8,7 @@ from torch import nn
 
 from x_common import env
 from x_runtime import Accelerator, AORecipeKwargs, TERecipeKwargs
-from x_runtime.strategies.fp8 import _default_filter, fp8_recipe
+from x_runtime.precision.fp8 import _default_filter, fp8_recipe
 
 
 def test_fp8_on_cpu_is_refused_before_anything_is_built() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from x_runtime.gradient_state import GradientState
-from x_runtime.optimizer import AcceleratedOptimizer
-from x_runtime.scheduler import AcceleratedScheduler
+from x_runtime.data.gradient_state import GradientState
+from x_runtime.optim.optimizer import AcceleratedOptimizer
+from x_runtime.optim.scheduler import AcceleratedScheduler
 
 
 def _setup(scaler=None, num_processes=1, split_batches=False):

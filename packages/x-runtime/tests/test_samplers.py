@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from x_runtime.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
+from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 
 
 def batches(size: int, batch_size: int, drop_last: bool = False) -> BatchSampler:

@@ -10,8 +10,8 @@ import torch
 
 from x_common import env
 from x_runtime import Accelerator
-from x_runtime.precision import Precision
-from x_runtime.state import ProcessState
+from x_runtime.precision.policy import Precision
+from x_runtime.process.state import ProcessState
 from x_runtime.strategies.param_moves import ParameterMoves
 from x_runtime.strategies.select import choose_strategy
 
@@ -93,16 +93,15 @@ def test_optimizers_built_before_a_parameter_swap_follow_the_new_parameters() ->
 
 
 def test_dispatching_batches_is_refused_across_xla_replicas() -> None:
-    import functools
-
-    from x_runtime.data_loader import prepare_data_loader
-    from x_runtime.gradient_state import GradientState
+    from x_runtime.data.data_loader import LoaderSpec
+    from x_runtime.data.gradient_state import GradientState
+    from x_runtime.data.sharding import Sharding
     from x_runtime.strategies.xla import XLAStrategy
 
     state = ProcessState(0, 0, 2, 2, 0, torch.device("xla"), "xla", "XLA", "xla")
     strategy = XLAStrategy(state, GradientState())
     loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2)
-    build = functools.partial(prepare_data_loader, loader, num_processes=2, process_index=0, dispatch_batches=True)
+    build = LoaderSpec(loader, Sharding(num_processes=2, process_index=0), dispatch_batches=True)
     with pytest.raises(ValueError) as caught:
         strategy.build_loader(build, torch.device("xla"), GradientState())
     assert str(caught.value) == (
@@ -110,7 +109,7 @@ def test_dispatching_batches_is_refused_across_xla_replicas() -> None:
         "drop dispatch_batches (iterable datasets are split the same way)"
     )
     # Without a device the loader is built as usual, read by this replica (no dispatching).
-    kept = strategy.build_loader(functools.partial(build, dispatch_batches=None), None, GradientState())
+    kept = strategy.build_loader(build.replace(dispatch_batches=None), None, GradientState())
     assert type(kept).__name__ == "DataLoaderShard" and [b.tolist() for b in kept] == [[0, 1], [4, 5]]
 
 
@@ -130,8 +129,8 @@ def test_an_ambient_pjrt_device_without_torch_xla_is_not_an_error(monkeypatch) -
 def test_a_prepared_optimizer_pickles_without_its_strategy_hooks() -> None:
     import pickle
 
-    from x_runtime.gradient_state import GradientState
-    from x_runtime.optimizer import AcceleratedOptimizer
+    from x_runtime.data.gradient_state import GradientState
+    from x_runtime.optim.optimizer import AcceleratedOptimizer
     from x_runtime.strategies.xla import XLAStrategy
 
     state = ProcessState(0, 0, 1, 1, 0, torch.device("xla"), "xla", "XLA", "xla")

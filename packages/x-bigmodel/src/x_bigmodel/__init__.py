@@ -14,11 +14,13 @@ Names and semantics follow Accelerate's big-model API.
 from x_bigmodel._version import __version__
 from x_bigmodel.checkpoint_loading import load_checkpoint_in_model, set_module_tensor_to_device
 from x_bigmodel.device_map import get_balanced_memory, get_max_memory, infer_auto_device_map, resolve_device_map
+from x_bigmodel.device_plan import DevicePlan
 from x_bigmodel.dispatch import cpu_offload, disk_offload, dispatch_model, load_checkpoint_and_dispatch
 from x_bigmodel.empty_weights import init_empty_weights, init_on_device
 from x_bigmodel.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
 
 __all__ = [
+    "DevicePlan",
     "ModelHook",
     "SequentialHook",
     "__version__",

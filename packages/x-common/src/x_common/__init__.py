@@ -1,6 +1,10 @@
 """x-common: the pieces every x package shares.
 
 - ``x_common.env``: the launcher -> runtime environment-variable contract;
+- ``x_common.kinds``: value kinds (bool, int, choice, ...) that parse and check settings, one
+  implementation for the environment, the launch config file and the command line;
+- ``x_common.fsdp_reshard``: Accelerate's ``fsdp_reshard_after_forward`` (a bool, or an FSDP1
+  strategy name), split and translated once for the launcher and the runtime;
 - ``x_common.sizes`` and ``x_common.dtypes``: sizes people write and bytes per dtype;
 - ``x_common.module_sizes``: bytes per module, shared tensors counted once;
 - ``x_common.devices`` and ``x_common.host_memory``: what hardware this process can use;

@@ -23,7 +23,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from x_common._kinds import Bool, Choice, Float, Int, Kind, Str, StrList
+from x_common.kinds import Bool, Choice, Float, Int, Kind, Str, StrList
 
 PREFIX = "X_"
 LAUNCH_FLAG_PREFIX = "X_LAUNCH_"
@@ -32,6 +32,11 @@ DISTRIBUTED_TYPES = ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU", "FSDP", "DEEPS
 MIXED_PRECISIONS = ("no", "fp16", "bf16", "fp8")
 DYNAMO_BACKENDS = ("no", "eager", "aot_eager", "inductor", "cudagraphs", "onnxrt", "openxla", "tensorrt", "tvm", "ipex")
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")
+FSDP_BACKWARD_PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+DEEPSPEED_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 @dataclass(frozen=True)
@@ -97,27 +102,16 @@ DYNAMO_REGIONAL = _var("DYNAMO_REGIONAL", Bool(), False, "compile repeated block
 FSDP_VERSION = _var("FSDP_VERSION", Int(minimum=1, maximum=2), 2, "1: FullyShardedDataParallel, 2: fully_shard")
 FSDP_RESHARD_AFTER_FORWARD = _var("FSDP_RESHARD_AFTER_FORWARD", Bool(), True, "free gathered parameters after forward")
 FSDP_SHARDING_STRATEGY = _var(
-    "FSDP_SHARDING_STRATEGY",
-    Choice(("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")),
-    "FULL_SHARD",
-    "FSDP1 sharding strategy",
+    "FSDP_SHARDING_STRATEGY", Choice(FSDP_SHARDING_STRATEGIES), "FULL_SHARD", "FSDP1 sharding strategy"
 )
-FSDP_AUTO_WRAP_POLICY = _var(
-    "FSDP_AUTO_WRAP_POLICY",
-    Choice(("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")),
-    None,
-    "what to shard separately",
-)
+FSDP_AUTO_WRAP_POLICY = _var("FSDP_AUTO_WRAP_POLICY", Choice(FSDP_AUTO_WRAP_POLICIES), None, "what to shard separately")
 FSDP_TRANSFORMER_CLS_TO_WRAP = _var(
     "FSDP_TRANSFORMER_CLS_TO_WRAP", StrList(), None, "layer classes for TRANSFORMER_BASED_WRAP"
 )
 FSDP_MIN_NUM_PARAMS = _var("FSDP_MIN_NUM_PARAMS", Int(minimum=0), 100_000_000, "parameter count for SIZE_BASED_WRAP")
 FSDP_OFFLOAD_PARAMS = _var("FSDP_OFFLOAD_PARAMS", Bool(), False, "keep sharded parameters on CPU")
 FSDP_STATE_DICT_TYPE = _var(
-    "FSDP_STATE_DICT_TYPE",
-    Choice(("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")),
-    "FULL_STATE_DICT",
-    "checkpoint layout",
+    "FSDP_STATE_DICT_TYPE", Choice(FSDP_STATE_DICT_TYPES), "FULL_STATE_DICT", "checkpoint layout"
 )
 FSDP_ACTIVATION_CHECKPOINTING = _var(
     "FSDP_ACTIVATION_CHECKPOINTING", Bool(), False, "recompute wrapped blocks in backward"
@@ -127,16 +121,16 @@ FSDP_SYNC_MODULE_STATES = _var("FSDP_SYNC_MODULE_STATES", Bool(), True, "broadca
 FSDP_USE_ORIG_PARAMS = _var("FSDP_USE_ORIG_PARAMS", Bool(), True, "FSDP1 use_orig_params")
 FSDP_FORWARD_PREFETCH = _var("FSDP_FORWARD_PREFETCH", Bool(), False, "gather the next block during forward")
 FSDP_BACKWARD_PREFETCH = _var(
-    "FSDP_BACKWARD_PREFETCH", Choice(("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")), "BACKWARD_PRE", "FSDP1 prefetch"
+    "FSDP_BACKWARD_PREFETCH", Choice(FSDP_BACKWARD_PREFETCHES), "BACKWARD_PRE", "FSDP1 prefetch"
 )
 
 DEEPSPEED_CONFIG_FILE = _var("DEEPSPEED_CONFIG_FILE", Str(), None, "DeepSpeed JSON config")
 DEEPSPEED_ZERO_STAGE = _var("DEEPSPEED_ZERO_STAGE", Int(minimum=0, maximum=3), None, "ZeRO stage")
 DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE = _var(
-    "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", Choice(("none", "cpu", "nvme")), "none", "where optimizer state lives"
+    "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", Choice(DEEPSPEED_OFFLOAD_DEVICES), "none", "where optimizer state lives"
 )
 DEEPSPEED_OFFLOAD_PARAM_DEVICE = _var(
-    "DEEPSPEED_OFFLOAD_PARAM_DEVICE", Choice(("none", "cpu", "nvme")), "none", "where ZeRO-3 parameters live"
+    "DEEPSPEED_OFFLOAD_PARAM_DEVICE", Choice(DEEPSPEED_OFFLOAD_DEVICES), "none", "where ZeRO-3 parameters live"
 )
 DEEPSPEED_GRADIENT_CLIPPING = _var("DEEPSPEED_GRADIENT_CLIPPING", Float(minimum=0.0), None, "max gradient norm")
 DEEPSPEED_ZERO3_INIT = _var("DEEPSPEED_ZERO3_INIT", Bool(), False, "build the model already partitioned")
@@ -227,10 +221,15 @@ def read_contract(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
 
 __all__ = [
     "CONTRACT",
+    "DEEPSPEED_OFFLOAD_DEVICES",
     "DISTRIBUTED_TYPES",
     "DYNAMO_BACKENDS",
     "DYNAMO_MODES",
     "FOREIGN",
+    "FSDP_AUTO_WRAP_POLICIES",
+    "FSDP_BACKWARD_PREFETCHES",
+    "FSDP_SHARDING_STRATEGIES",
+    "FSDP_STATE_DICT_TYPES",
     "MIXED_PRECISIONS",
     "EnvVar",
     "launch_flag_var",

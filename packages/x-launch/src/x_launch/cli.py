@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from x_launch._version import __version__
+from x_launch.cli_options import setting_options
 
 _CONFIG_FILE = click.option(
     "--config_file",
@@ -131,11 +132,8 @@ def config_show(config_file: Path | None) -> None:
     loaded = load_config(path) if path is not None else None
     settings = resolve(loaded)  # before printing anything: a bad value is one line, nothing else
     click.echo(f"config file: {path} ({why})" if path is not None else "config file: none (defaults only)")
-    for key, setting in settings.items():
-        if "." in key and setting.source == "default":
-            continue  # section keys only when something set them
-        value = "-" if setting.value is None else setting.value
-        click.echo(f"  {key}: {value}  [{setting.source}]")
+    for line in settings.shown():
+        click.echo(line)
     if loaded is not None and loaded.ignored:
         click.echo(f"ignored (Accelerate features x does not offer): {', '.join(loaded.ignored)}")
 
@@ -153,10 +151,7 @@ def env_command(config_file: Path | None) -> None:
 
 @_cli.command("test")
 @_CONFIG_FILE
-@click.option("--num_processes", "--num-processes", "num_processes", default=None, metavar="VALUE")
-@click.option(
-    "--cpu", "--use_cpu", "use_cpu", is_flag=True, default=None, help="Run on CPU (gloo) even when GPUs are present."
-)
+@setting_options(["num_processes", "use_cpu"])
 def test_command(config_file: Path | None, num_processes: str | None, use_cpu: bool | None) -> None:
     """Run a short distributed self-check under the configured launch.
 
@@ -172,21 +167,21 @@ def test_command(config_file: Path | None, num_processes: str | None, use_cpu: b
       x-launch test --num_processes 2 --cpu
     """
     from x_launch.config_file import find_config, load_config
+    from x_launch.launch_config import Setting
     from x_launch.launch_plan import build_plan
-    from x_launch.resolve import Setting, resolve
+    from x_launch.resolve import resolve
     from x_launch.test_command import run_self_check
 
     path, _ = find_config(config_file)
     settings = resolve(
         load_config(path) if path is not None else None, {"num_processes": num_processes, "use_cpu": use_cpu}
     )
-    port = settings["main_process_port"]
-    if port.source == "default" and settings["num_machines"].value == 1:
+    if settings.is_default("main_process_port") and settings.num_machines == 1:
         # A self-check on one machine must not fail because port 29500 is taken by another job.
-        settings["main_process_port"] = Setting(0, "x-launch test (a free port)")
+        settings = settings.updated({"main_process_port": Setting(0, "x-launch test (a free port)")})
     # Built once before starting anything: a bad config is one line; SLURM may change the world size.
     probe = build_plan(settings, ["x_launch.selfcheck"], module=True)
-    world = int(probe.settings["num_processes"].value)
+    world = probe.settings.num_processes
     sys.exit(run_self_check(lambda target: build_plan(settings, target, module=True), world, click.echo))
 
 
@@ -198,44 +193,12 @@ def _flag(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[.
     return click.option(*names, name, envvar=launch_flag_var(name), show_envvar=True, **kwargs)
 
 
-# Values stay strings here: resolve() checks them with the config file's rules and names the flag.
-_CONFIG_FLAGS = (
-    "num_processes",
-    "num_machines",
-    "machine_rank",
-    "main_process_ip",
-    "main_process_port",
-    "rdzv_backend",
-    "max_restarts",
-    "mixed_precision",
-    "gradient_accumulation_steps",
-    "dynamo_backend",
-    "main_training_function",
-)
-
-
-def _launch_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    for name in reversed(_CONFIG_FLAGS):
-        func = click.option(f"--{name}", f"--{name.replace('_', '-')}", name, default=None, metavar="VALUE")(func)
-    return func
-
-
 @click.command(
     "launch",
     context_settings={"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]},
 )
 @_CONFIG_FILE
-@_launch_options
-@click.option(
-    "--cpu", "--use_cpu", "use_cpu", is_flag=True, default=None, help="Run on CPU (gloo) even when GPUs are present."
-)
-@click.option(
-    "--tpu",
-    "tpu",
-    is_flag=True,
-    default=None,
-    help="Run on this host's TPU devices through torch_xla; each process calls --main_training_function.",
-)
+@setting_options()
 @click.option("-m", "--module", is_flag=True, help="TARGET is a module to run as python -m does.")
 @_flag("dry_run", is_flag=True, help="Print the resolved config, the command and its environment; start nothing.")
 @_flag("log_dir", default=None, help="Write each rank's output to files in this folder.")

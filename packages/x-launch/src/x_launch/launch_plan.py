@@ -18,46 +18,14 @@ import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from x_common import env
 from x_launch import slurm_plan
 from x_launch.config_file import ConfigError
-from x_launch.resolve import Setting
+from x_launch.contract_env import contract_environment
+from x_launch.launch_config import LaunchConfig
 
 __all__ = ["LaunchPlan", "build_plan"]
-
-# Config key -> contract variable, for everything the runtime reads.
-_CONTRACT = {
-    "distributed_type": env.DISTRIBUTED_TYPE,
-    "mixed_precision": env.MIXED_PRECISION,
-    "use_cpu": env.USE_CPU,
-    "gradient_accumulation_steps": env.GRADIENT_ACCUMULATION_STEPS,
-    "debug": env.DEBUG_MODE,
-    "dynamo_config.dynamo_mode": env.DYNAMO_MODE,
-    "dynamo_config.dynamo_use_fullgraph": env.DYNAMO_FULLGRAPH,
-    "dynamo_config.dynamo_use_dynamic": env.DYNAMO_DYNAMIC,
-    "dynamo_config.dynamo_use_regional_compilation": env.DYNAMO_REGIONAL,
-    "fsdp_config.fsdp_version": env.FSDP_VERSION,
-    "fsdp_config.fsdp_sharding_strategy": env.FSDP_SHARDING_STRATEGY,
-    "fsdp_config.fsdp_auto_wrap_policy": env.FSDP_AUTO_WRAP_POLICY,
-    "fsdp_config.fsdp_min_num_params": env.FSDP_MIN_NUM_PARAMS,
-    "fsdp_config.fsdp_offload_params": env.FSDP_OFFLOAD_PARAMS,
-    "fsdp_config.fsdp_state_dict_type": env.FSDP_STATE_DICT_TYPE,
-    "fsdp_config.fsdp_activation_checkpointing": env.FSDP_ACTIVATION_CHECKPOINTING,
-    "fsdp_config.fsdp_cpu_ram_efficient_loading": env.FSDP_CPU_RAM_EFFICIENT_LOADING,
-    "fsdp_config.fsdp_sync_module_states": env.FSDP_SYNC_MODULE_STATES,
-    "fsdp_config.fsdp_use_orig_params": env.FSDP_USE_ORIG_PARAMS,
-    "fsdp_config.fsdp_forward_prefetch": env.FSDP_FORWARD_PREFETCH,
-    "fsdp_config.fsdp_backward_prefetch": env.FSDP_BACKWARD_PREFETCH,
-    "deepspeed_config.deepspeed_config_file": env.DEEPSPEED_CONFIG_FILE,
-    "deepspeed_config.zero_stage": env.DEEPSPEED_ZERO_STAGE,
-    "deepspeed_config.offload_optimizer_device": env.DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE,
-    "deepspeed_config.offload_param_device": env.DEEPSPEED_OFFLOAD_PARAM_DEVICE,
-    "deepspeed_config.gradient_clipping": env.DEEPSPEED_GRADIENT_CLIPPING,
-    "deepspeed_config.zero3_init_flag": env.DEEPSPEED_ZERO3_INIT,
-    "deepspeed_config.zero3_save_16bit_model": env.DEEPSPEED_ZERO3_SAVE_16BIT_MODEL,
-}
 
 
 @dataclass
@@ -65,19 +33,13 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
     engine: str  # "python", "torchrun" or "srun" (one x-launch per SLURM node)
-    settings: dict[str, Setting] = field(default_factory=dict)
+    settings: LaunchConfig = field(default_factory=LaunchConfig)
     notes: list[str] = field(default_factory=list)  # how the plan came about, e.g. the SLURM situation
     scratch_logs: str | None = None  # per-rank stderr logs x-launch keeps for a failure report, then removes
 
     def describe(self) -> str:
         """What --dry-run prints: every value with its source, the command, the environment."""
-        lines = ["resolved config:"]
-        for key, setting in self.settings.items():
-            if "." in key and setting.source == "default":
-                continue
-            value = "-" if setting.value is None else setting.value
-            lines.append(f"  {key}: {value}  [{setting.source}]")
-        lines += self.notes
+        lines = ["resolved config:", *self.settings.shown(), *self.notes]
         lines += [f"engine: {self.engine}", f"command: {shlex.join(self.argv)}", "environment:"]
         lines += [f"  {name}={value}" for name, value in sorted(self.env.items())]
         return "\n".join(lines)
@@ -89,40 +51,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _contract_env(settings: dict[str, Setting]) -> dict[str, str]:
-    values: dict[env.EnvVar, Any] = {env.LAUNCHED_BY_X: True}
-    for key, var in _CONTRACT.items():
-        setting = settings.get(key)
-        # Section keys travel only when something set them: the runtime has the same defaults.
-        if setting is None or setting.value is None or ("." in key and setting.source == "default"):
-            continue
-        values[var] = setting.value
-    dtype, procs = settings["distributed_type"], int(settings["num_processes"].value)
-    if dtype.source == "default" and procs > 1:
-        # "NO" with several processes means "infer": on CPU that is MULTI_CPU; with GPUs the
-        # runtime picks, since finding them here would mean importing torch.
-        if settings["use_cpu"].value:
-            values[env.DISTRIBUTED_TYPE] = "MULTI_CPU"
-        else:
-            values.pop(env.DISTRIBUTED_TYPE, None)
-    backend = settings.get("dynamo_config.dynamo_backend")
-    if backend is not None and backend.value is not None and backend.source != "default":
-        values[env.DYNAMO_BACKEND] = str(backend.value).lower()
-    reshard = settings.get("fsdp_config.fsdp_reshard_after_forward")
-    if reshard is not None and reshard.source == "default":
-        reshard = None
-    if reshard is not None and isinstance(reshard.value, bool):
-        values[env.FSDP_RESHARD_AFTER_FORWARD] = reshard.value
-    elif reshard is not None and reshard.value is not None:  # FSDP1 strategy name in Accelerate's files
-        values[env.FSDP_SHARDING_STRATEGY] = reshard.value
-    layers = settings.get("fsdp_config.fsdp_transformer_layer_cls_to_wrap")
-    if layers is not None and layers.value:
-        values[env.FSDP_TRANSFORMER_CLS_TO_WRAP] = tuple(str(layers.value).split(","))
-    return env.to_environ(values)
-
-
 def build_plan(
-    settings: dict[str, Setting],
+    settings: LaunchConfig,
     target: list[str],
     *,
     module: bool = False,
@@ -145,8 +75,7 @@ def build_plan(
     if job is not None:
         settings = slurm_plan.derive(settings, job, environ)
         notes.append(slurm_plan.note(job))
-    value = {key: s.value for key, s in settings.items()}
-    procs, machines, rank = value["num_processes"], value["num_machines"], value["machine_rank"]
+    procs, machines, rank = settings.num_processes, settings.num_machines, settings.machine_rank
     every_task_a_rank = job is not None and job.mode == slurm_plan.TASK  # srun may spread tasks unevenly
     if procs % machines and not every_task_a_rank:
         raise ConfigError(
@@ -154,16 +83,16 @@ def build_plan(
         )
     if rank >= machines:
         raise ConfigError(f"machine_rank {rank} must be below num_machines {machines} (ranks start at 0)")
-    if value["mixed_precision"] == "fp16" and value["use_cpu"]:
+    if settings.mixed_precision == "fp16" and settings.use_cpu:
         raise ConfigError("mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
-    if value["mixed_precision"] == "bf16" and not value["use_cpu"] and not value["tpu"]:
+    if settings.mixed_precision == "bf16" and not settings.use_cpu and not settings.tpu:
         _check_bf16(gpu_capabilities)
     if tee and not log_dir:
         raise ConfigError("--tee copies the per-rank log files to the terminal; give --log_dir too")
     if log_dir and os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise ConfigError(f"--log_dir {log_dir} is a file; give a folder (it is created if missing)")
-    env_vars = _contract_env(settings)
-    if value["tpu"] or value["distributed_type"] == "XLA":
+    env_vars = contract_environment(settings)
+    if settings.tpu or settings.distributed_type == "XLA":
         return _tpu_plan(
             settings, target, module=module, log_dir=log_dir, python=python, env_vars=env_vars, notes=notes
         )
@@ -171,13 +100,13 @@ def build_plan(
         argv = slurm_plan.srun_argv(job, settings, target, module=module, log_dir=log_dir, tee=tee, python=python)
         return LaunchPlan(argv, {}, "srun", settings, notes)  # the x-launch on each node sets the environment
     if job is not None and every_task_a_rank:
-        for asked, what in ((log_dir, "--log_dir"), (value["max_restarts"], "--max_restarts")):
+        for asked, what in ((log_dir, "--log_dir"), (settings.max_restarts, "--max_restarts")):
             if asked:
                 raise ConfigError(
                     f"{what} needs torchrun, which x-launch does not start when every srun task is one process: "
                     "use srun --ntasks-per-node=1 (x-launch then starts the processes on each node)"
                 )
-        if not value["main_process_port"]:
+        if not settings.main_process_port:
             raise ConfigError("--main_process_port 0 cannot work when every srun task is one rank: give a port")
         env_vars.update(slurm_plan.rank_environment(job, settings))
         argv = [python, *(["-m"] if module else []), *target]
@@ -185,7 +114,7 @@ def build_plan(
     if procs == 1 and machines == 1:
         argv = [python, *(["-m"] if module else []), *target]
         return LaunchPlan(argv, env_vars, "python", settings, notes)
-    ip, port = value["main_process_ip"], value["main_process_port"]
+    ip, port = settings.main_process_ip, settings.main_process_port
     if machines > 1 and not ip:
         raise ConfigError("a multi-machine launch needs --main_process_ip, the address of machine 0")
     if port == 0:
@@ -202,11 +131,11 @@ def build_plan(
         "--nproc-per-node",
         str(procs // machines),
     ]
-    if value["rdzv_backend"] == "c10d":
+    if settings.rdzv_backend == "c10d":
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", f"x-{port}"]
     else:
         argv += ["--node-rank", str(rank), "--master-addr", host, "--master-port", str(port)]
-    argv += ["--max-restarts", str(value["max_restarts"])]
+    argv += ["--max-restarts", str(settings.max_restarts)]
     scratch = None
     if log_dir:
         # torchrun writes rank files only for the streams it redirects (3: stdout and stderr).
@@ -223,7 +152,7 @@ def build_plan(
 
 
 def _tpu_plan(
-    settings: dict[str, Setting],
+    settings: LaunchConfig,
     target: list[str],
     *,
     module: bool,
@@ -233,21 +162,20 @@ def _tpu_plan(
     notes: list[str],
 ) -> LaunchPlan:
     """torch_xla's launcher on this TPU host: one process per TPU device, each calling a function."""
-    value = {key: s.value for key, s in settings.items()}
-    if value["num_machines"] > 1:
+    if settings.num_machines > 1:
         raise ConfigError(
-            f"--tpu with --num_machines {value['num_machines']}: on a TPU pod, run x-launch --tpu on every host "
+            f"--tpu with --num_machines {settings.num_machines}: on a TPU pod, run x-launch --tpu on every host "
             "(e.g. gcloud compute tpus tpu-vm ssh NAME --worker=all --command 'x-launch --tpu train.py'), "
             "each with --num_machines 1"
         )
-    if value["use_cpu"]:
+    if settings.use_cpu:
         raise ConfigError("--tpu and --cpu contradict each other: pick one")
     if module:
         raise ConfigError("--tpu calls a function of a script file: give the script's path, not -m MODULE")
     if log_dir:
         raise ConfigError("--log_dir needs torchrun's per-rank logs; torch_xla's launcher has none: drop it with --tpu")
-    argv = [python, "-m", "x_launch.xla_run", "--main_training_function", str(value["main_training_function"])]
-    if value["num_processes"] == 1 and settings["num_processes"].source != "default":
+    argv = [python, "-m", "x_launch.xla_run", "--main_training_function", settings.main_training_function]
+    if settings.num_processes == 1 and not settings.is_default("num_processes"):
         argv += ["--nprocs", "1"]
     else:
         notes.append("tpu: torch_xla starts one process per TPU device of this host")
@@ -256,7 +184,7 @@ def _tpu_plan(
         env_vars[env.PJRT_DEVICE.name] = "TPU"
     if not env.MASTER_PORT.is_set():
         # torch_xla's rendezvous binds MASTER_PORT, 12355 unless told: a second job on the host would clash.
-        env_vars[env.MASTER_PORT.name] = str(value["main_process_port"] or _free_port())
+        env_vars[env.MASTER_PORT.name] = str(settings.main_process_port or _free_port())
     return LaunchPlan([*argv, *target], env_vars, "torch_xla", settings, notes)
 
 
@@ -266,7 +194,7 @@ def _check_bf16(capabilities: list[tuple[int, int]] | None) -> None:
     Read through NVML, without torch; a machine without NVIDIA GPUs trains bf16 on its CPU.
     """
     if capabilities is None:
-        from x_common._nvml import nvml_compute_capabilities
+        from x_common.devices import nvml_compute_capabilities
 
         capabilities = nvml_compute_capabilities()
     if capabilities and all(major < 8 for major, _ in capabilities):

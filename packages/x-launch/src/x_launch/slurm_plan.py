@@ -32,7 +32,7 @@ from typing import Any
 from x_common import env
 from x_common.slurm import expand_nodelist, expand_tasks_per_node, port_for_job
 from x_launch.config_file import ConfigError
-from x_launch.resolve import Setting
+from x_launch.launch_config import TABLE, LaunchConfig, Setting
 
 __all__ = [
     "LOCAL",
@@ -166,16 +166,16 @@ def _check_gpus(job: SlurmJob, per_node: int, use_cpu: bool, what: str, fix: str
         )
 
 
-def derive(settings: dict[str, Setting], job: SlurmJob, environ: Mapping[str, str]) -> dict[str, Setting]:
+def derive(settings: LaunchConfig, job: SlurmJob, environ: Mapping[str, str]) -> LaunchConfig:
     """The settings with what SLURM decides filled in (source ``slurm``).
 
     Raises:
         ConfigError: a requested value contradicts the allocation; one line with the fix.
     """
     mode = job.mode
-    out = dict(settings)
+    out: dict[str, Setting] = {}  # what SLURM decides, by config key
     procs, machines, rank = settings["num_processes"], settings["num_machines"], settings["machine_rank"]
-    use_cpu = bool(settings["use_cpu"].value)
+    use_cpu = settings.use_cpu
     nnodes = 1 if mode == LOCAL else job.nnodes
 
     if _explicit(machines) and machines.value != nnodes:
@@ -235,7 +235,7 @@ def derive(settings: dict[str, Setting], job: SlurmJob, environ: Mapping[str, st
             if master_port is not None
             else Setting(port_for_job(job.job_id), SOURCE)
         )
-    return out
+    return settings.updated(out)
 
 
 def note(job: SlurmJob) -> str:
@@ -243,17 +243,16 @@ def note(job: SlurmJob) -> str:
     return _NOTES[job.mode]
 
 
-def rank_environment(job: SlurmJob, settings: dict[str, Setting]) -> dict[str, str]:
+def rank_environment(job: SlurmJob, settings: LaunchConfig) -> dict[str, str]:
     """torch's variables for one srun task that is one rank (the ``task`` situation)."""
-    world = int(settings["num_processes"].value)
     values: dict[env.EnvVar, Any] = {
         env.RANK: job.proc_id or 0,
-        env.WORLD_SIZE: world,
+        env.WORLD_SIZE: settings.num_processes,
         env.LOCAL_RANK: job.local_id or 0,
         env.LOCAL_WORLD_SIZE: job.tasks_on_node or 1,
         env.GROUP_RANK: job.node_id,
-        env.MASTER_ADDR: settings["main_process_ip"].value,
-        env.MASTER_PORT: settings["main_process_port"].value,
+        env.MASTER_ADDR: settings.main_process_ip,
+        env.MASTER_PORT: settings.main_process_port,
     }
     return env.to_environ(values)
 
@@ -263,7 +262,7 @@ def _x_launch(python: str) -> list[str]:
     return [script] if script else [python, "-c", "from x_launch.cli import main; main()"]
 
 
-def forwarded_args(settings: dict[str, Setting]) -> list[str]:
+def forwarded_args(settings: LaunchConfig) -> list[str]:
     """The command-line flags (and config file) that produced ``settings``, for the x-launch on each node.
 
     ``X_LAUNCH_*`` and other variables reach the nodes through srun's environment.
@@ -272,20 +271,22 @@ def forwarded_args(settings: dict[str, Setting]) -> list[str]:
     config_files = {s.source[len("config file ") :] for s in settings.values() if s.source.startswith("config file ")}
     for path in sorted(config_files):
         args += ["--config_file", path]
-    for key, setting in settings.items():
-        name = key.rpartition(".")[2]
-        if setting.source != f"--{name}" or setting.value is None:
+    forwarded: set[str] = set()  # two keys may share a flag (gradient_accumulation_steps): pass it once
+    for row in TABLE:
+        value = getattr(settings, row.name)
+        if settings.source(row.key) != f"--{row.flag}" or value is None or row.flag in forwarded:
             continue
-        if name == "use_cpu":
-            args += ["--cpu"] if setting.value else []
+        forwarded.add(row.flag)
+        if row.switch:
+            args += [row.cli[0]] if value else []
         else:
-            args += [f"--{name}", str(setting.value)]
+            args += [f"--{row.flag}", str(value)]
     return args
 
 
 def srun_argv(
     job: SlurmJob,
-    settings: dict[str, Setting],
+    settings: LaunchConfig,
     target: list[str],
     *,
     module: bool,

@@ -1,4 +1,4 @@
-"""Runs every x_runtime.collectives scenario once per process and reports what each rank got.
+"""Runs every x_runtime.process.collectives scenario once per process and reports what each rank got.
 
 Usage (under torchrun, gloo on CPU): ``collectives_worker.py OUT_DIR``. Scenarios run in a fixed
 order on every rank; one that raises records the error text and the run goes on, which is also how
@@ -43,7 +43,7 @@ def main() -> None:
     import torch.distributed as dist
     from _helpers import report
 
-    from x_runtime import collectives as c
+    from x_runtime.process import collectives as c
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     r, w = dist.get_rank(), dist.get_world_size()

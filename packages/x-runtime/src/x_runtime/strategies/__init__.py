@@ -1,9 +1,31 @@
-"""How the prepared model is distributed: one module per strategy.
+"""How the prepared model is distributed: one class per strategy, behind the ``Strategy`` Protocol.
 
-``ddp`` (also single-process), ``fsdp`` (FSDP2 ``fully_shard``), ``deepspeed`` and ``xla``
-(torch_xla replicas, fed by ``xla_loader``); ``dynamo`` compiles whatever a strategy returns,
-``fp8`` checks and applies the fp8 recipe, and ``param_moves`` points optimizers built before
-``prepare`` at parameters a strategy replaced. The
-accelerator asks ``select.choose_strategy`` for one object and routes model wrapping, optimizer
-setup, backward, gradient clipping, state dicts and checkpoint files through it.
+``base`` holds the seam: the ``Strategy`` Protocol the accelerator types against, and the
+``Replacements`` a strategy returns from ``finish_prepare`` for the accelerator to apply.
+``defaults`` is plain PyTorch's answer to every hook, mixed into the strategies: ``ddp`` (also
+single-process), ``fsdp`` (FSDP2 ``fully_shard``, options in ``fsdp_plugin``), ``deepspeed``
+(options in ``deepspeed_plugin``) and ``xla`` (torch_xla replicas, fed by ``xla_loader``).
+``select`` picks one; ``param_moves`` points optimizers built before ``prepare`` at parameters a
+strategy replaced (strategy bookkeeping: FSDP and XLA replace parameters); ``unwrap`` finds the
+user's model inside the wrappers.
 """
+
+from x_runtime.strategies.base import Replacements, Strategy
+from x_runtime.strategies.ddp import DDPStrategy
+from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
+from x_runtime.strategies.defaults import StrategyDefaults
+from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
+from x_runtime.strategies.select import asked_strategy, choose_strategy
+from x_runtime.strategies.unwrap import unwrap_model
+
+__all__ = [
+    "DDPStrategy",
+    "DeepSpeedPlugin",
+    "FullyShardedDataParallelPlugin",
+    "Replacements",
+    "Strategy",
+    "StrategyDefaults",
+    "asked_strategy",
+    "choose_strategy",
+    "unwrap_model",
+]

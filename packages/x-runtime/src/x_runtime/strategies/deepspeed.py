@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from x_common import env
-from x_runtime.optimizer import AcceleratedOptimizer
-from x_runtime.state import ProcessState
-from x_runtime.strategies.ddp import DDPStrategy
+from x_runtime.optim.optimizer import AcceleratedOptimizer
+from x_runtime.process.state import ProcessState
+from x_runtime.strategies.base import Replacements
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
+from x_runtime.strategies.defaults import StrategyDefaults
 
 __all__ = ["DeepSpeedStrategy", "fill_auto_values"]
 
@@ -33,12 +35,12 @@ _HIDDEN_AUTO = {
 }
 
 
-class DeepSpeedStrategy(DDPStrategy):
+class DeepSpeedStrategy(StrategyDefaults):
     distributed_type = "DEEPSPEED"
     scales_loss_for_accumulation = True
 
     def __init__(self, state: ProcessState, plugin: DeepSpeedPlugin | None, mixed_precision: str):
-        super().__init__(state)
+        self.state = state
         if state.device.type == "cpu" and not env.DS_ACCELERATOR.is_set():
             os.environ[env.DS_ACCELERATOR.name] = "cpu"  # read by DeepSpeed when it is imported
         try:
@@ -72,17 +74,21 @@ class DeepSpeedStrategy(DDPStrategy):
     def wrap_model(self, model: torch.nn.Module, *, train: bool) -> torch.nn.Module:
         return model  # the engine is built in finish_prepare, once the optimizer and loader are known
 
-    def finish_prepare(self, result: list[Any], accelerator: Any) -> list[Any]:
+    def finish_prepare(self, prepared: Sequence[Any], *, accumulation_steps: int) -> Replacements:
+        """Build the engine from the model, its optimizer and its loader; it replaces the model, and
+        its optimizer steps inside ``backward`` for the prepared one."""
         import deepspeed
 
-        models = [i for i, obj in enumerate(result) if isinstance(obj, torch.nn.Module) and id(obj) not in self.engines]
+        models = [
+            i for i, obj in enumerate(prepared) if isinstance(obj, torch.nn.Module) and id(obj) not in self.engines
+        ]
         if not models:
-            return result
+            return Replacements()
         if len(models) > 1:
             raise ValueError("DeepSpeed trains one model per accelerator; prepare one model with its optimizer")
-        model = result[models[0]]
-        optimizers = [i for i, obj in enumerate(result) if isinstance(obj, AcceleratedOptimizer)]
-        loaders = [obj for obj in result if isinstance(obj, torch.utils.data.DataLoader)]
+        model = prepared[models[0]]
+        optimizers = [i for i, obj in enumerate(prepared) if isinstance(obj, AcceleratedOptimizer)]
+        loaders = [obj for obj in prepared if isinstance(obj, torch.utils.data.DataLoader)]
         config = self.plugin.config
         if optimizers and "optimizer" in config:
             raise ValueError(
@@ -92,14 +98,13 @@ class DeepSpeedStrategy(DDPStrategy):
         steps = fill_auto_values(
             config,
             micro_batch=loaders[0].batch_size if loaders else None,
-            accumulation=accelerator.gradient_accumulation_steps,
+            accumulation=accumulation_steps,
             world_size=self.state.world_size,
             mixed_precision=self.mixed_precision,
             clipping=self.plugin.gradient_clipping,
             hidden_size=_hidden_size(model),
         )
-        accelerator.gradient_state.num_steps = steps
-        client = result[optimizers[0]].optimizer if optimizers else None
+        client = prepared[optimizers[0]].optimizer if optimizers else None
         engine, ds_optimizer, _, _ = deepspeed.initialize(
             model=model,
             optimizer=client,
@@ -107,13 +112,9 @@ class DeepSpeedStrategy(DDPStrategy):
             config=config,
         )
         self.engines[id(model)] = engine
-        accelerator._prepared.models[accelerator._prepared.models.index(model)] = engine
-        result[models[0]] = engine
-        for index in optimizers:
-            wrapper = result[index]
-            wrapper.optimizer = ds_optimizer
-            wrapper.steps_in_backward = True
-        return result
+        return Replacements(
+            models={models[0]: engine}, optimizers=dict.fromkeys(optimizers, ds_optimizer), num_steps=steps
+        )
 
     # --- the step ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, scaler: Any, **kwargs: Any) -> None:

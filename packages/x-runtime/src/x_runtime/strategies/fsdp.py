@@ -22,21 +22,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from x_runtime.checkpointing import torch_load, torch_save
-from x_runtime.model_files import load_tensors_file, save_tensors_file
-from x_runtime.state import ProcessState
-from x_runtime.strategies.ddp import DDPStrategy, _refuse_layout, check_shapes
+from x_runtime.checkpoint.files import torch_load, torch_save
+from x_runtime.checkpoint.model_files import load_tensors_file, save_tensors_file
+from x_runtime.process.state import ProcessState
+from x_runtime.strategies.defaults import StrategyDefaults, check_shapes, refuse_layout
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 from x_runtime.strategies.param_moves import ParameterMoves
 
 __all__ = ["FSDPStrategy", "wrap_units"]
 
 
-class FSDPStrategy(DDPStrategy):
+class FSDPStrategy(StrategyDefaults):
     distributed_type = "FSDP"
 
     def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin, mixed_precision: str):
-        super().__init__(state)
+        self.state = state
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401
         except ImportError:
@@ -166,7 +166,7 @@ class FSDPStrategy(DDPStrategy):
             dcp.load(held, checkpoint_id=str(folder / f"{name}_sharded"))
             set_model_state_dict(model, held["model"], options=StateDictOptions(strict=strict))
             return
-        _refuse_layout(record, "full", folder)
+        refuse_layout(record, "full", folder)
         weights: dict[str, torch.Tensor] = {}
         if self.state.is_main_process:
             path = folder / f"{name}.safetensors"
@@ -204,7 +204,7 @@ class FSDPStrategy(DDPStrategy):
             dcp.load(held, checkpoint_id=str(folder / f"{name}_sharded"))
             set_optimizer_state_dict(model, inner, held["optimizer"])
             return
-        _refuse_layout(record, "full", folder)
+        refuse_layout(record, "full", folder)
         state = torch_load(folder / f"{name}.bin") if self.state.is_main_process else {}
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(model, inner, state, options=options)

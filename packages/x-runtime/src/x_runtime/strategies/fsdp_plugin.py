@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from x_common import env
+from x_common.fsdp_reshard import reshard_after_forward_for
 
 __all__ = ["FullyShardedDataParallelPlugin"]
 
@@ -132,7 +133,7 @@ class FullyShardedDataParallelPlugin:
             strategy = env.FSDP_SHARDING_STRATEGY.read()
         if strategy is not None:
             strategy = str(strategy).upper()
-            translated = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}.get(strategy)
+            translated = reshard_after_forward_for(strategy)  # the launcher's translation, not a copy
             if translated is None:
                 raise ValueError(
                     f"sharding_strategy={strategy}: fully_shard runs FULL_SHARD (reshard_after_forward=True) and "

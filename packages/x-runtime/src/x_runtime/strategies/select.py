@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from x_common import env
-from x_runtime.gradient_state import GradientState
-from x_runtime.state import DistributedType, ProcessState
+from x_runtime.data.gradient_state import GradientState
+from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.state import ProcessState
+from x_runtime.strategies.base import Strategy
 from x_runtime.strategies.ddp import DDPStrategy
 
 __all__ = ["asked_strategy", "choose_strategy"]
@@ -41,7 +43,7 @@ def choose_strategy(
     mixed_precision: str,
     ddp_kwargs: dict[str, Any],
     gradient_state: GradientState | None = None,
-) -> DDPStrategy:
+) -> Strategy:
     """The strategy for ``asked`` (``asked_strategy``'s answer): FSDP, DeepSpeed, XLA, or DDP/plain.
 
     Raises:

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from x_runtime.gradient_state import GradientState
+from x_runtime.data.gradient_state import GradientState
 
 __all__ = ["XLADeviceLoader"]
 

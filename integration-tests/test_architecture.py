@@ -1,0 +1,276 @@
+"""The seams ARCHITECTURE.md promises, checked over every package's source.
+
+Three rules, read from the source with ``ast`` (nothing is imported, so a rule holds whatever is
+installed):
+
+- no import cycle between modules, counting imports inside functions (a function-local import is
+  the usual way a cycle is hidden, not removed); imports under ``if TYPE_CHECKING:`` do not run and
+  do not count;
+- no module reaches into another folder's private parts: a ``_private`` module, a ``_private``
+  name, or ``module._private`` on a module imported from elsewhere. A folder is the directory that
+  holds the module; a parent and its child directories are different folders;
+- every source file stays under 400 lines.
+
+The checker itself is tested on a small tree holding one of each fault, so a rule that silently
+stopped finding anything would fail here too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = sorted(p for p in (ROOT / "packages").iterdir() if (p / "src").is_dir())
+MAX_LINES = 400
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str  # module doing the import
+    target: str  # module imported (a module of the scanned tree)
+    names: tuple[str, ...] = ()  # names taken from it, for "from target import a, b"
+    line: int = 0
+
+
+@dataclass
+class Tree:
+    """Every module under some ``src`` folders: name -> file, and the imports between them."""
+
+    files: dict[str, Path] = field(default_factory=dict)
+    packages: set[str] = field(default_factory=set)  # module names that are packages (__init__.py)
+    imports: list[Import] = field(default_factory=list)
+    private_attributes: list[tuple[str, str, str, int]] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # pytest prints the fixture on failure: keep it to one line
+        return f"Tree({len(self.files)} modules, {len(self.imports)} imports)"
+
+    def folder(self, module: str) -> str:
+        return module if module in self.packages else module.rpartition(".")[0]
+
+
+def module_name(src: Path, path: Path) -> str:
+    parts = list(path.relative_to(src).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _runtime_nodes(body: Iterable[ast.AST]) -> Iterator[ast.AST]:
+    """Every node that runs, skipping ``if TYPE_CHECKING:`` blocks (their ``else`` runs)."""
+    for node in body:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            yield from _runtime_nodes(node.orelse)
+            continue
+        yield node
+        yield from _runtime_nodes(ast.iter_child_nodes(node))
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def scan(srcs: Iterable[Path]) -> Tree:
+    tree = Tree()
+    for src in srcs:
+        for path in sorted(src.rglob("*.py")):
+            name = module_name(src, path)
+            tree.files[name] = path
+            if path.name == "__init__.py":
+                tree.packages.add(name)
+    for name, path in tree.files.items():
+        _scan_module(tree, name, ast.parse(path.read_text(), filename=str(path)))
+    return tree
+
+
+def _scan_module(tree: Tree, name: str, module: ast.Module) -> None:
+    bound: dict[str, str] = {}  # local name -> module of the tree it is bound to
+    nodes = list(_runtime_nodes(module.body))
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in tree.files:
+                    tree.imports.append(Import(name, alias.name, line=node.lineno))
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(name, name in tree.packages, node)
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                if submodule in tree.files:
+                    tree.imports.append(Import(name, submodule, line=node.lineno))
+                    bound[alias.asname or alias.name] = submodule
+                elif source in tree.files:
+                    tree.imports.append(Import(name, source, (alias.name,), node.lineno))
+    for node in nodes:
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in bound
+            and _is_private(node.attr)
+        ):
+            tree.private_attributes.append((name, bound[node.value.id], node.attr, node.lineno))
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def cycles(tree: Tree) -> list[list[str]]:
+    """Strongly connected components of more than one module, or a module importing itself."""
+    graph: dict[str, set[str]] = {m: set() for m in tree.files}
+    for edge in tree.imports:
+        graph[edge.importer].add(edge.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(start: str) -> None:
+        # Iterative Tarjan: a deep import chain must not hit Python's recursion limit.
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for succ in successors:
+                if succ not in index:
+                    index[succ] = low[succ] = len(index)
+                    stack.append(succ)
+                    on_stack.add(succ)
+                    work.append((succ, iter(sorted(graph[succ]))))
+                    break
+                if succ in on_stack:
+                    low[node] = min(low[node], index[succ])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1 or node in graph[node]:
+                        found.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return found
+
+
+def private_reaches(tree: Tree) -> list[str]:
+    """Each import of another folder's private module or name, as 'file:line: what'."""
+    found = []
+    for edge in tree.imports:
+        if tree.folder(edge.importer) == tree.folder(edge.target):
+            continue
+        where = f"{edge.importer} (line {edge.line})"
+        # A private package or module anywhere below the top-level package name.
+        if any(_is_private(part) for part in edge.target.split(".")[1:]):
+            found.append(f"{where} imports private module {edge.target}")
+        found.extend(f"{where} imports private name {edge.target}.{n}" for n in edge.names if _is_private(n))
+    for importer, target, attr, line in tree.private_attributes:
+        if tree.folder(importer) != tree.folder(target):
+            found.append(f"{importer} (line {line}) uses private {target}.{attr}")
+    return found
+
+
+def long_files(tree: Tree, root: Path = ROOT) -> list[str]:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in tree.files.items()}
+    return [f"{tree.files[n].relative_to(root)}: {k} lines" for n, k in sorted(lengths.items()) if k >= MAX_LINES]
+
+
+@pytest.fixture(scope="module")
+def everything() -> Tree:
+    return scan(p / "src" for p in PACKAGES)
+
+
+def test_every_package_is_scanned(everything: Tree) -> None:
+    tops = {name.split(".")[0] for name in everything.files}
+    assert tops == {"x_common", "x_launch", "x_runtime", "x_bigmodel", "x_estimate"}
+    # Imports between the scanned modules are found (x_runtime uses x_common, for one).
+    assert any(e.importer.startswith("x_runtime") and e.target.startswith("x_common") for e in everything.imports)
+
+
+def test_no_import_cycles(everything: Tree) -> None:
+    found = cycles(everything)
+    assert not found, "import cycles (modules that import each other, directly or round a loop):\n" + "\n".join(
+        " <-> ".join(c) for c in found
+    )
+
+
+@pytest.mark.parametrize("package", [p.name for p in PACKAGES])
+def test_no_private_imports_across_folders(everything: Tree, package: str) -> None:
+    top = package.replace("-", "_")
+    found = [line for line in private_reaches(everything) if line.split(".")[0] == top]
+    assert not found, "make the name public in its folder, or move the code next to it:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("package", [p.name for p in PACKAGES])
+def test_source_files_stay_small(everything: Tree, package: str) -> None:
+    top = package.replace("-", "_")
+    found = [line for line in long_files(everything) if f"/{top}/" in line]
+    assert not found, f"split into modules named for what they hold (under {MAX_LINES} lines):\n" + "\n".join(found)
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for relative, text in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_checker_finds_each_fault(tmp_path: Path) -> None:
+    src = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from pkg.sub import b\n",
+            # The cycle closes inside a function, as a hidden cycle would.
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/b.py": "def f():\n    from pkg import a\n",
+            "pkg/sub/_hidden.py": "_secret = 1\n",
+            "pkg/sub/public.py": "_inner = 2\n",
+            "pkg/c.py": (
+                "from typing import TYPE_CHECKING\n"
+                "from pkg.sub._hidden import _secret\n"
+                "from pkg.sub import public\n"
+                "x = public._inner\n"
+                "if TYPE_CHECKING:\n    from pkg import d\n"
+            ),
+            # d -> c only under TYPE_CHECKING from c's side: not a cycle.
+            "pkg/d.py": "from pkg import c\n",
+            "pkg/sub/e.py": "from pkg.sub._hidden import _secret\n" + "x = 1\n" * MAX_LINES,
+        },
+    )
+    tree = scan([src])
+    assert cycles(tree) == [["pkg.a", "pkg.sub.b"]]
+    assert private_reaches(tree) == [
+        "pkg.c (line 2) imports private module pkg.sub._hidden",
+        "pkg.c (line 2) imports private name pkg.sub._hidden._secret",
+        "pkg.c (line 4) uses private pkg.sub.public._inner",
+    ]
+    # Within one folder private parts are shared freely; only the length rule catches e.py.
+    assert long_files(tree, tmp_path) == [f"pkg/sub/e.py: {MAX_LINES + 1} lines"]

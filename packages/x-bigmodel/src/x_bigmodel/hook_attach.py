@@ -1,0 +1,66 @@
+"""The hooks ``dispatch_model`` puts on a model: where each entry runs, and who brings weights in.
+
+Every module that runs a device-map entry moves its inputs to that entry's execution device when
+the model spans several; each offloaded block's module gets its weights brought in (and the next
+block's prefetched); the root hook returns outputs on the output device and owns the prefetcher.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from x_bigmodel.align_hook import AlignDevicesHook
+from x_bigmodel.device_keys import run_device
+from x_bigmodel.device_plan import DevicePlan
+from x_bigmodel.dispatch_tensors import is_module
+from x_bigmodel.hooks import add_hook_to_module
+from x_bigmodel.offloaded_block import OffloadedBlock
+from x_bigmodel.prefetch import Prefetcher
+
+__all__ = ["attach_hooks", "called_modules"]
+
+
+def attach_hooks(
+    model: nn.Module,
+    plan: DevicePlan,
+    main: torch.device,
+    output: torch.device,
+    blocks: list[OffloadedBlock],
+    skip: tuple[str, ...],
+    *,
+    prefetch: bool,
+) -> None:
+    """Hook ``model`` to run as ``plan`` says, offloaded entries on ``main``, outputs on ``output``."""
+    prefetcher = Prefetcher(blocks, enabled=prefetch) if blocks else None
+    run_devices = {run_device(device, main) for device in plan.entries.values()}
+    hooks: dict[str, AlignDevicesHook] = {}
+    if len(run_devices) > 1:
+        # Inputs cross devices between entries: each entry moves its inputs to where it runs.
+        for entry, device in plan.entries.items():
+            for name in called_modules(model, entry):
+                hooks[name] = AlignDevicesHook(run_device(device, main), skip_keys=skip)
+    for block in blocks:
+        hook = hooks.setdefault(block.name, AlignDevicesHook(block.device, skip_keys=skip))
+        hook.execution_device = block.device
+        hook.block, hook.prefetcher = block, prefetcher
+    root = hooks.setdefault("", AlignDevicesHook(None, skip_keys=skip))
+    if len(run_devices) == 1:
+        root.execution_device = next(iter(run_devices))
+    root.output_device = output
+    root.prefetcher, root.owns_prefetcher = root.prefetcher or prefetcher, True
+    root.tracked = list(hooks.values())
+    for name, hook in hooks.items():
+        add_hook_to_module(model.get_submodule(name), hook)
+
+
+def called_modules(model: nn.Module, entry: str) -> list[str]:
+    """The modules whose calls run entry ``entry``: the entry itself, but a ``ModuleList`` or
+    ``ModuleDict`` is never called, so its children stand in for it; a tensor entry, its module."""
+    if not is_module(model, entry):
+        return [entry.rpartition(".")[0]]
+    module = model.get_submodule(entry)
+    if not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+        return [entry]
+    prefix = f"{entry}." if entry else ""
+    return [n for child, _ in module.named_children() for n in called_modules(model, prefix + child)]

@@ -1,0 +1,44 @@
+"""The environment the launcher gives every process it starts: the runtime's half of the config.
+
+Derived from the settings table: each row with a contract variable (``Option.env``) travels as
+that variable, validated by the variable's own kind, so the runtime reads back exactly what was
+resolved. Top-level settings always travel; section settings (``fsdp_config.*``, ...) only
+when something set them, since the runtime has the same defaults.
+
+Examples:
+    >>> from x_launch.launch_config import LaunchConfig, Setting
+    >>> config = LaunchConfig().updated({"mixed_precision": Setting("bf16", "--mixed_precision")})
+    >>> contract_environment(config) == env.to_environ(
+    ...     {env.LAUNCHED_BY_X: True, env.DISTRIBUTED_TYPE: "NO", env.MIXED_PRECISION: "bf16",
+    ...      env.USE_CPU: False, env.GRADIENT_ACCUMULATION_STEPS: 1, env.DEBUG_MODE: False})
+    True
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from x_common import env
+from x_launch.launch_config import TABLE, LaunchConfig
+
+__all__ = ["contract_environment"]
+
+
+def contract_environment(config: LaunchConfig) -> dict[str, str]:
+    """``{variable name: text}`` for every contract variable the launch sets."""
+    values: dict[env.EnvVar, Any] = {env.LAUNCHED_BY_X: True}
+    # Translated rows last: an FSDP1 strategy written into fsdp_reshard_after_forward (as
+    # Accelerate does) overrides fsdp_sharding_strategy.
+    for row in sorted(TABLE, key=lambda row: row.to_env is not None):
+        value = getattr(config, row.name)
+        if value is None or (row.section is not None and config.is_default(row.key)):
+            continue
+        values.update(row.environment(value))
+    if config.is_default("distributed_type") and config.num_processes > 1:
+        # "NO" with several processes means "infer": on CPU that is MULTI_CPU; with GPUs the
+        # runtime picks, since finding them here would mean importing torch.
+        if config.use_cpu:
+            values[env.DISTRIBUTED_TYPE] = "MULTI_CPU"
+        else:
+            values.pop(env.DISTRIBUTED_TYPE, None)
+    return env.to_environ(values)

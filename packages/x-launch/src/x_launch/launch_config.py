@@ -1,0 +1,270 @@
+"""The settings table, and the launch config it types: one field per setting, with its source.
+
+Every launcher setting is one field of ``LaunchConfig``, declared with ``option()``: its kind,
+default, meaning, Accelerate's YAML key, its command-line spellings, its question and the
+contract variable that carries it to the runtime. ``TABLE`` is those rows; the command-line
+options (``cli_options``), the config-file keys (``config_schema``), the questionnaire, the
+``--dry-run`` and ``config show`` display and the environment the launcher sets
+(``contract_env``) are all derived from it. Adding a setting is adding a field here.
+
+A resolved ``LaunchConfig`` gives typed values as attributes (``config.num_processes`` is an
+``int``) and, indexed by config key, each value with its source (``config["num_processes"]``
+is ``Setting(4, "--num_processes")``), which answers "why is it 4 processes?".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from x_common import env
+from x_common.fsdp_reshard import reshard_variables
+from x_common.kinds import Bool, BoolOrChoice, Choice, GpuIds, Int, Str, StrList
+from x_launch.option import Option, option, rows_of
+
+__all__ = ["TABLE", "LaunchConfig", "Setting"]
+
+DEFAULT = "default"  # the source of a value nothing set
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A value and where it came from: ``default``, ``config file <path>``, a variable or ``--<flag>``."""
+
+    value: Any
+    source: str
+
+
+def _cli(flag: str) -> tuple[str, ...]:
+    """``--flag_name`` and ``--flag-name``: Accelerate's spelling and the usual one."""
+    dashed = flag.replace("_", "-")
+    return (f"--{flag}", f"--{dashed}") if dashed != flag else (f"--{flag}",)
+
+
+def _carried(var: env.EnvVar, section: str, **row: Any) -> Any:
+    """A section key that travels as ``var``: its kind, default and meaning are the variable's."""
+    return option(var.kind, var.default, section=section, env=var, doc=var.doc, **row)
+
+
+_DYNAMO, _FSDP, _DS = "dynamo_config", "fsdp_config", "deepspeed_config"
+
+
+@dataclass(frozen=True)
+class LaunchConfig(Mapping[str, Setting]):
+    """Every launcher setting, typed; ``config[key]`` is the value with its source."""
+
+    # --- where and how many -----------------------------------------------------------------
+    compute_environment: str = option(Choice(("LOCAL_MACHINE", "SLURM")), "LOCAL_MACHINE", doc="where the job runs")
+    distributed_type: str = option(
+        env.DISTRIBUTED_TYPE.kind,
+        "NO",
+        env=env.DISTRIBUTED_TYPE,
+        doc="how processes share the work",
+        question="How should processes share the work (XLA for TPU)?",
+    )
+    num_machines: int = option(
+        Int(minimum=1), 1, doc="machines (nodes) in the job", cli=_cli("num_machines"), question="How many machines?"
+    )
+    num_processes: int = option(
+        Int(minimum=1),
+        1,
+        doc="processes in the whole job",
+        cli=_cli("num_processes"),
+        question="How many processes in total?",
+    )
+    machine_rank: int = option(
+        Int(minimum=0),
+        0,
+        doc="this machine's index, 0 on the main one",
+        cli=_cli("machine_rank"),
+        question="Rank of this machine (0 on the main one)?",
+    )
+    main_process_ip: str | None = option(
+        Str(),
+        None,
+        doc="address of machine 0",
+        cli=_cli("main_process_ip"),
+        question="Address of the machine with rank 0?",
+    )
+    main_process_port: int = option(
+        Int(minimum=0, maximum=65535),
+        29500,
+        doc="rendezvous port; 0 picks a free one",
+        cli=_cli("main_process_port"),
+        question="Port on that machine (0 picks a free one)?",
+    )
+    rdzv_backend: str = option(
+        Choice(("static", "c10d")),
+        "static",
+        doc="torchrun rendezvous",
+        cli=_cli("rdzv_backend"),
+        question="Rendezvous backend?",
+    )
+    max_restarts: int = option(
+        Int(minimum=0), 0, doc="restarts of the whole group after a failure", cli=_cli("max_restarts")
+    )
+    gpu_ids: str = option(GpuIds(), "all", doc="GPUs this machine may use", question="Which GPUs on this machine?")
+    # --- what the training processes get ----------------------------------------------------
+    mixed_precision: str = option(
+        env.MIXED_PRECISION.kind,
+        env.MIXED_PRECISION.default,
+        env=env.MIXED_PRECISION,
+        doc="autocast dtype",
+        cli=_cli("mixed_precision"),
+        question="Mixed precision?",
+    )
+    use_cpu: bool = option(
+        env.USE_CPU.kind,
+        env.USE_CPU.default,
+        env=env.USE_CPU,
+        doc="train on CPU even when GPUs are present",
+        cli=("--cpu", "--use_cpu"),
+        switch=True,
+        cli_help="Run on CPU (gloo) even when GPUs are present.",
+    )
+    gradient_accumulation_steps: int = option(
+        env.GRADIENT_ACCUMULATION_STEPS.kind,
+        env.GRADIENT_ACCUMULATION_STEPS.default,
+        env=env.GRADIENT_ACCUMULATION_STEPS,
+        doc="micro-batches per optimizer step",
+        cli=_cli("gradient_accumulation_steps"),
+    )
+    debug: bool = option(
+        env.DEBUG_MODE.kind,
+        env.DEBUG_MODE.default,
+        env=env.DEBUG_MODE,
+        doc="check shapes agree across ranks before collectives",
+    )
+    tpu: bool = option(
+        Bool(),
+        False,
+        doc="launch through torch_xla",
+        cli=("--tpu",),
+        switch=True,
+        cli_help="Run on this host's TPU devices through torch_xla; each process calls --main_training_function.",
+    )
+    main_training_function: str = option(
+        Str(), "main", doc="function of the script each TPU process calls", cli=_cli("main_training_function")
+    )
+    # --- dynamo_config ----------------------------------------------------------------------
+    dynamo_backend: str = option(
+        Choice(tuple(backend.upper() for backend in env.DYNAMO_BACKENDS)),  # Accelerate writes them upper-case
+        "NO",
+        section=_DYNAMO,
+        env=env.DYNAMO_BACKEND,
+        doc=env.DYNAMO_BACKEND.doc,
+        cli=_cli("dynamo_backend"),
+        question="torch.compile backend?",
+    )
+    dynamo_mode: str = _carried(env.DYNAMO_MODE, _DYNAMO, question="torch.compile mode?")
+    dynamo_use_fullgraph: bool = _carried(env.DYNAMO_FULLGRAPH, _DYNAMO)
+    dynamo_use_dynamic: bool | None = _carried(env.DYNAMO_DYNAMIC, _DYNAMO)
+    dynamo_use_regional_compilation: bool = _carried(env.DYNAMO_REGIONAL, _DYNAMO)
+    # --- fsdp_config ------------------------------------------------------------------------
+    fsdp_version: int = _carried(env.FSDP_VERSION, _FSDP, question="FSDP version?")
+    # FSDP2 takes a bool; Accelerate writes FSDP1's sharding strategy name into the same key.
+    fsdp_reshard_after_forward: bool | str = option(
+        BoolOrChoice(env.FSDP_SHARDING_STRATEGIES),
+        True,
+        section=_FSDP,
+        env=env.FSDP_RESHARD_AFTER_FORWARD,
+        to_env=reshard_variables,
+        doc=env.FSDP_RESHARD_AFTER_FORWARD.doc,
+    )
+    fsdp_sharding_strategy: str = _carried(env.FSDP_SHARDING_STRATEGY, _FSDP)
+    fsdp_auto_wrap_policy: str | None = _carried(env.FSDP_AUTO_WRAP_POLICY, _FSDP, question="What to shard as a unit?")
+    # Accelerate's files hold one comma-joined string; the runtime gets the names as a tuple.
+    fsdp_transformer_layer_cls_to_wrap: str | None = option(
+        StrList(joined=True),
+        None,
+        section=_FSDP,
+        env=env.FSDP_TRANSFORMER_CLS_TO_WRAP,
+        doc=env.FSDP_TRANSFORMER_CLS_TO_WRAP.doc,
+        question="Layer classes to wrap (e.g. LlamaDecoderLayer)?",
+    )
+    fsdp_min_num_params: int = _carried(env.FSDP_MIN_NUM_PARAMS, _FSDP)
+    fsdp_offload_params: bool = _carried(env.FSDP_OFFLOAD_PARAMS, _FSDP, question="Offload parameters to CPU?")
+    fsdp_state_dict_type: str = _carried(env.FSDP_STATE_DICT_TYPE, _FSDP, question="Checkpoint layout?")
+    fsdp_activation_checkpointing: bool = _carried(
+        env.FSDP_ACTIVATION_CHECKPOINTING, _FSDP, question="Activation checkpointing?"
+    )
+    fsdp_cpu_ram_efficient_loading: bool = _carried(env.FSDP_CPU_RAM_EFFICIENT_LOADING, _FSDP)
+    fsdp_sync_module_states: bool = _carried(env.FSDP_SYNC_MODULE_STATES, _FSDP)
+    fsdp_use_orig_params: bool = _carried(env.FSDP_USE_ORIG_PARAMS, _FSDP)
+    fsdp_forward_prefetch: bool = _carried(env.FSDP_FORWARD_PREFETCH, _FSDP)
+    fsdp_backward_prefetch: str = _carried(env.FSDP_BACKWARD_PREFETCH, _FSDP)
+    # --- deepspeed_config -------------------------------------------------------------------
+    deepspeed_config_file: str | None = _carried(env.DEEPSPEED_CONFIG_FILE, _DS)
+    zero_stage: int | None = _carried(env.DEEPSPEED_ZERO_STAGE, _DS, question="ZeRO stage?")
+    offload_optimizer_device: str = _carried(
+        env.DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE, _DS, question="Optimizer state on?"
+    )
+    offload_param_device: str = _carried(env.DEEPSPEED_OFFLOAD_PARAM_DEVICE, _DS, question="Parameters on?")
+    offload_optimizer_nvme_path: str | None = option(Str(), None, section=_DS)
+    offload_param_nvme_path: str | None = option(Str(), None, section=_DS)
+    # --gradient_accumulation_steps sets this one too (one flag per name, as in Accelerate).
+    deepspeed_gradient_accumulation_steps: int | None = option(
+        Int(minimum=1), None, key=f"{_DS}.gradient_accumulation_steps", question="Gradient accumulation steps?"
+    )
+    gradient_clipping: float | None = _carried(
+        env.DEEPSPEED_GRADIENT_CLIPPING, _DS, question="Gradient clipping (max norm)?"
+    )
+    zero3_init_flag: bool = _carried(env.DEEPSPEED_ZERO3_INIT, _DS)
+    zero3_save_16bit_model: bool = _carried(env.DEEPSPEED_ZERO3_SAVE_16BIT_MODEL, _DS)
+    deepspeed_multinode_launcher: str | None = option(Str(), None, section=_DS)
+    deepspeed_hostfile: str | None = option(Str(), None, section=_DS)
+    deepspeed_inclusion_filter: str | None = option(Str(), None, section=_DS)
+    deepspeed_exclusion_filter: str | None = option(Str(), None, section=_DS)
+    deepspeed_moe_layer_cls_names: str | None = option(StrList(joined=True), None, section=_DS)
+
+    # Where each value came from, by config key; a key missing here has its default.
+    sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Setting]) -> LaunchConfig:
+        """The config holding ``settings`` (by config key, already checked); other keys keep defaults."""
+        return cls().updated(settings)
+
+    def updated(self, changes: Mapping[str, Setting]) -> LaunchConfig:
+        """A copy with ``changes`` (by config key) applied, e.g. what SLURM decides."""
+        values = {_BY_KEY[key].name: setting.value for key, setting in changes.items()}
+        sources = {**self.sources, **{key: setting.source for key, setting in changes.items()}}
+        return dataclasses.replace(self, **values, sources=sources)
+
+    def source(self, key: str) -> str:
+        """Where the value of ``key`` came from (``default`` when nothing set it)."""
+        _BY_KEY[key]  # an unknown key is a KeyError, not a silent "default"
+        return self.sources.get(key, DEFAULT)
+
+    def is_default(self, key: str) -> bool:
+        """Whether nothing set ``key``."""
+        return self.source(key) == DEFAULT
+
+    def shown(self) -> list[str]:
+        """``  key: value  [source]`` lines for ``config show`` and ``--dry-run``.
+
+        Every top-level key, and the section keys something set: a section's defaults would
+        be forty lines about features the job does not use.
+        """
+        lines = []
+        for row in TABLE:
+            if row.section is not None and self.is_default(row.key):
+                continue
+            value = getattr(self, row.name)
+            lines.append(f"  {row.key}: {'-' if value is None else value}  [{self.source(row.key)}]")
+        return lines
+
+    def __getitem__(self, key: str) -> Setting:
+        return Setting(getattr(self, _BY_KEY[key].name), self.source(key))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_BY_KEY)
+
+    def __len__(self) -> int:
+        return len(_BY_KEY)
+
+
+TABLE: tuple[Option, ...] = rows_of(LaunchConfig)
+_BY_KEY: dict[str, Option] = {row.key: row for row in TABLE}

@@ -1,0 +1,231 @@
+"""``save_state`` / ``load_state``: everything a run needs to continue exactly where it stopped.
+
+Layout of a checkpoint folder (the names tell what each file holds):
+
+    model.safetensors, model_1.safetensors, ...     weights (shared tensors once); sharded
+                                                    strategies may write model_sharded/ instead
+    optimizer.bin, optimizer_1.bin, ...             optimizer state dicts
+    scheduler.bin, ...                              scheduler state dicts
+    scaler.bin                                      fp16 grad scaler
+    dataloaders.json                                each prepared loader's epoch, seed, position
+    custom_checkpoint_0.bin, ...                    objects from register_for_checkpointing
+    random_states_<rank>.bin                        every rank's generators
+    x_checkpoint.json                               written last: what the folder holds
+
+``.bin`` files are ``torch.save`` output read back with ``weights_only=True``: loading a
+checkpoint never runs pickled code. The folder is assembled under a hidden name, flushed, and
+renamed into place by the main process, so a crash mid-save leaves the previous checkpoint whole.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from x_runtime.checkpoint.atomic import partial_dir_for, replace_dir, write_file_atomic
+from x_runtime.checkpoint.files import torch_load, torch_save
+from x_runtime.checkpoint.random_state import capture_rng_state, restore_rng_state
+
+if TYPE_CHECKING:
+    from x_runtime.process.state import ProcessState
+    from x_runtime.strategies.base import Strategy
+
+__all__ = [
+    "MANIFEST",
+    "CheckpointParts",
+    "automatic_checkpoints",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "resolve_checkpoint",
+    "save_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "x_checkpoint.json"
+FORMAT_VERSION = 1
+_AUTOMATIC = re.compile(r"checkpoint_(\d+)")
+
+
+@dataclass
+class CheckpointParts:
+    """The objects one accelerator saves and restores, in ``prepare`` order per kind."""
+
+    models: list[torch.nn.Module] = field(default_factory=list)  # unwrapped
+    optimizers: list[Any] = field(default_factory=list)
+    schedulers: list[Any] = field(default_factory=list)
+    dataloaders: list[Any] = field(default_factory=list)
+    custom: list[Any] = field(default_factory=list)
+    scaler: torch.amp.GradScaler | None = None
+    strategy: Strategy | None = None  # writes and reads model and optimizer files
+
+    def owner(self, optimizer: Any) -> torch.nn.Module | None:
+        """The model whose parameters ``optimizer`` updates (sharded strategies need the pair)."""
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        return next((m for m in self.models if any(id(p) in params for p in m.parameters())), None)
+
+
+def _name(stem: str, index: int, suffix: str) -> str:
+    return f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}"
+
+
+def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -> Path:
+    """Write a complete checkpoint to ``target`` (every rank calls this)."""
+    target = Path(target)
+    _check_replaceable(target)
+    partial = partial_dir_for(target)
+    if state.is_main_process:
+        if partial.exists():
+            shutil.rmtree(partial)  # left by a save that crashed; never a complete checkpoint
+        partial.mkdir(parents=True)
+    state.wait_for_everyone()
+    io = parts.strategy
+    layouts = {
+        "models": [io.save_model_files(partial, _name("model", i, ""), m) for i, m in enumerate(parts.models)],
+        "optimizers": [
+            io.save_optimizer_files(partial, _name("optimizer", i, ""), o, parts.owner(o))
+            for i, o in enumerate(parts.optimizers)
+        ],
+    }
+    if state.is_main_process:
+        for index, scheduler in enumerate(parts.schedulers):
+            torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
+        if parts.scaler is not None:
+            torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
+        for index, obj in enumerate(parts.custom):
+            torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.bin")
+        loaders = [loader.state_dict() for loader in parts.dataloaders]
+        write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
+    torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")
+    state.wait_for_everyone()
+    if state.is_main_process:
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "world_size": state.world_size,
+            "models": len(parts.models),
+            "optimizers": len(parts.optimizers),
+            "schedulers": len(parts.schedulers),
+            "dataloaders": len(parts.dataloaders),
+            "custom_objects": len(parts.custom),
+            "scaler": parts.scaler is not None,
+            "layouts": layouts,
+        }
+        write_file_atomic(partial / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
+        replace_dir(partial, target)
+    state.wait_for_everyone()
+    return target
+
+
+def _check_replaceable(target: Path) -> None:
+    # A save replaces only a checkpoint (or an empty folder): never a user's file or folder.
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"cannot save a checkpoint to {target}: it is a file; save_state writes a folder")
+    if target.is_dir() and not (target / MANIFEST).is_file() and any(target.iterdir()):
+        raise ValueError(
+            f"cannot save a checkpoint to {target}: the folder holds files and is not a checkpoint "
+            f"(no {MANIFEST}); choose another folder, or empty it"
+        )
+
+
+def resolve_checkpoint(source: Path) -> Path:
+    """The folder to load: ``source``, or the complete copy a crash during replacement left aside."""
+    source = Path(source)
+    if (source / MANIFEST).is_file():
+        return source
+    aside = source.with_name(f".{source.name}.old")
+    if not source.exists() and (aside / MANIFEST).is_file():
+        logger.warning("%s is missing; loading %s, kept aside by an interrupted save", source, aside)
+        return aside
+    if source.is_dir():
+        raise FileNotFoundError(f"{source} is not a complete checkpoint (no {MANIFEST}); was its save interrupted?")
+    raise FileNotFoundError(f"no checkpoint at {source}")
+
+
+def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *, strict: bool = True) -> Path:
+    """Restore ``parts`` from a folder written by ``save_checkpoint``; return the folder read."""
+    folder = resolve_checkpoint(source)
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for kind, have in (
+        ("models", len(parts.models)),
+        ("optimizers", len(parts.optimizers)),
+        ("schedulers", len(parts.schedulers)),
+        ("dataloaders", len(parts.dataloaders)),
+        ("custom_objects", len(parts.custom)),
+    ):
+        if manifest[kind] != have:
+            raise ValueError(
+                f"{folder} holds {manifest[kind]} {kind} but {have} are prepared/registered; "
+                "prepare the same objects in the same order as the run that saved it"
+            )
+    io = parts.strategy
+    layouts = manifest.get("layouts", {})
+    for index, model in enumerate(parts.models):
+        record = _record(layouts, "models", index)
+        io.load_model_files(folder, _name("model", index, ""), model, record, strict)
+    for index, optimizer in enumerate(parts.optimizers):
+        record = _record(layouts, "optimizers", index)
+        io.load_optimizer_files(folder, _name("optimizer", index, ""), optimizer, parts.owner(optimizer), record)
+    for index, scheduler in enumerate(parts.schedulers):
+        scheduler.load_state_dict(torch_load(folder / _name("scheduler", index, ".bin")))
+    if parts.scaler is not None and (folder / "scaler.bin").is_file():
+        parts.scaler.load_state_dict(torch_load(folder / "scaler.bin"))
+    for index, obj in enumerate(parts.custom):
+        obj.load_state_dict(torch_load(folder / f"custom_checkpoint_{index}.bin"))
+    loaders = json.loads((folder / "dataloaders.json").read_text())
+    for loader, loader_state in zip(parts.dataloaders, loaders, strict=True):
+        loader.load_state_dict(loader_state)
+    rng = folder / f"random_states_{state.rank}.bin"
+    if rng.is_file():
+        restore_rng_state(torch_load(rng))
+    else:
+        logger.warning(
+            "%s has no random state for rank %d (saved with %d processes); random draws will differ",
+            folder,
+            state.rank,
+            manifest["world_size"],
+        )
+    return folder
+
+
+def _record(layouts: Mapping[str, Any], kind: str, index: int) -> dict[str, Any]:
+    # Checkpoints written before strategies existed hold full weights and record nothing.
+    records = layouts.get(kind) or []
+    return dict(records[index]) if index < len(records) else {"layout": "full"}
+
+
+def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """Complete ``checkpoint_<n>`` folders under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    found = []
+    for path in root.iterdir():
+        match = _AUTOMATIC.fullmatch(path.name)
+        if match and (path / MANIFEST).is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def latest_checkpoint(root: Path) -> Path:
+    found = automatic_checkpoints(root)
+    if not found:
+        raise FileNotFoundError(f"no complete checkpoint_<n> folder under {root}")
+    return found[-1][1]
+
+
+def prune_checkpoints(root: Path, total_limit: int) -> list[Path]:
+    """Remove the oldest automatic checkpoints beyond ``total_limit``; return what was removed."""
+    found = automatic_checkpoints(root)
+    removed = []
+    for _number, path in found[: max(0, len(found) - total_limit)]:
+        shutil.rmtree(path)
+        removed.append(path)
+    return removed

@@ -1,0 +1,371 @@
+"""What every prepared loader shares: epoch and position bookkeeping, checkpoint state, the
+iteration protocol with one batch of look-ahead, and registration with the gradient state.
+
+``loaders`` builds on it: ``DataLoaderShard`` (every process reads its share) and
+``DataLoaderDispatcher`` (the main process reads and sends).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import warnings
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from x_runtime.data.gradient_state import GradientState
+from x_runtime.data.nested import concat_batches, find_batch_size, send_to_device, slice_batch
+from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, _mix_seed, check_split
+from x_runtime.data.sharding import Sharding
+from x_runtime.data.steps import BatchOps, global_steps, rank_batch_count
+
+_WORKER_SEED_SALT = 0x5EED_0F_10ADE2  # worker seeds differ from the shuffle seed of the same epoch
+
+
+# DataLoader settings a rebuilt loader keeps (``in_order`` and ``pin_memory_device`` depend on
+# the torch version). Sampling settings are absent: the rebuilt loader gets its own sampler.
+_KEPT_SETTINGS = tuple(
+    name
+    for name in (
+        "num_workers",
+        "collate_fn",
+        "pin_memory",
+        "timeout",
+        "worker_init_fn",
+        "multiprocessing_context",
+        "generator",
+        "prefetch_factor",
+        "persistent_workers",
+        "pin_memory_device",
+        "in_order",
+    )
+    if name in inspect.signature(DataLoader.__init__).parameters
+)
+
+
+_END = object()
+
+
+def _loader_settings(loader: DataLoader) -> dict[str, Any]:
+    return {name: getattr(loader, name) for name in _KEPT_SETTINGS if hasattr(loader, name)}
+
+
+_TENSOR_OPS = BatchOps(find_batch_size, concat_batches, slice_batch)
+
+
+class _EpochCounter:
+    """Where the epoch lives when no seedable sampler holds it (sequential or iterable data)."""
+
+    __slots__ = ("epoch",)
+
+    def __init__(self, epoch: int = 0) -> None:
+        self.epoch = epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+
+class _Cursor:
+    # Per-batch bookkeeping lives here rather than on the loader: DataLoader.__setattr__ is Python
+    # code, a slots store is not.
+    __slots__ = ("epoch", "position")
+
+    def __init__(self) -> None:
+        self.position = 0
+        self.epoch: int | None = None
+
+
+def _unwrap(source: Any) -> Any:
+    while isinstance(source, (SkipBatchSampler, BatchSamplerShard)):
+        source = source.batch_sampler
+    return source
+
+
+class _PreparedLoader(DataLoader):
+    """What both prepared loaders share: bookkeeping, epochs, state and the iteration protocol."""
+
+    _fast = True  # iterate the DataLoader directly (else ``_rank_batches`` produces the batches)
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        sharding: Sharding | None = None,
+        device: torch.device | str | None = None,
+        non_blocking: bool = False,
+        gradient_state: GradientState | None = None,
+        epoch_source: Any = None,
+        seed: int | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        **dataloader_kwargs: Any,
+    ) -> None:
+        if skip_batches < 0:
+            raise ValueError(f"skip_batches must be >= 0, got {skip_batches}")
+        self.__dict__["_exposed_sampler"] = None
+        super().__init__(dataset, **dataloader_kwargs)
+        self._iterable = isinstance(dataset, IterableDataset)
+        sharding = sharding if sharding is not None else Sharding()
+        self.sharding = sharding
+        self.num_processes = sharding.num_processes
+        self.process_index = sharding.process_index
+        self.split_batches = sharding.split_batches
+        self.even_batches = sharding.even_batches
+        if self._iterable:
+            self._underlying_batch_size = self.__dict__["_raw_batch_size"]
+            self._underlying_drop_last = bool(self.drop_last)
+        else:
+            source = _unwrap(self.batch_sampler if self.batch_sampler is not None else self.__dict__["_raw_sampler"])
+            self._underlying_batch_size = getattr(source, "batch_size", None)
+            self._underlying_drop_last = bool(getattr(source, "drop_last", False))
+            if self.batch_sampler is not None:
+                self.__dict__["_exposed_sampler"] = getattr(source, "sampler", source)
+            inner = getattr(source, "sampler", source)
+            if epoch_source is None and isinstance(inner, SeedableRandomSampler):
+                epoch_source = inner
+        check_split(self._underlying_batch_size, sharding)
+        self.device = torch.device(device) if device is not None else None
+        # Batches come out of a DataLoader on the CPU: a CPU target needs no walk over the batch.
+        self._move = self.device is not None and self.device.type != "cpu"
+        self.non_blocking = non_blocking
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
+        self._epochs = epoch_source if epoch_source is not None else _EpochCounter()
+        self._seed = seed
+        self._own_generator = dataloader_kwargs.get("generator") is None
+        self.skip_batches = int(skip_batches)
+        self.use_stateful_dataloader = use_stateful_dataloader
+        self.end_of_dataloader = False
+        self.remainder = -1
+        self._resume = 0
+        self._cursor = _Cursor()
+        dataset_set_epoch = getattr(dataset, "set_epoch", None)
+        self._dataset_set_epoch = dataset_set_epoch if callable(dataset_set_epoch) else None
+        self._init_kwargs = {
+            "sharding": sharding,
+            "device": device,
+            "non_blocking": non_blocking,
+            "gradient_state": self.gradient_state,
+            "epoch_source": self._epochs,
+            "seed": seed,
+            "skip_batches": skip_batches,
+            "use_stateful_dataloader": use_stateful_dataloader,
+            **dataloader_kwargs,
+        }
+
+    # DataLoader.__init__ assigns ``batch_size`` and ``sampler``; these properties keep what it
+    # assigns (its iterators rely on ``sampler``) but show users the per-process batch size and the
+    # real sampler, not the placeholder DataLoader makes when handed a batch sampler.
+    @property
+    def batch_size(self) -> int | None:  # type: ignore[override]
+        """Samples per batch on this process."""
+        size = self.__dict__.get("_underlying_batch_size", self.__dict__.get("_raw_batch_size"))
+        if size is not None and self.__dict__.get("split_batches"):
+            return size // self.num_processes
+        return size
+
+    @batch_size.setter
+    def batch_size(self, value: int | None) -> None:
+        self.__dict__["_raw_batch_size"] = value
+
+    @property
+    def sampler(self) -> Any:  # type: ignore[override]
+        exposed = self.__dict__["_exposed_sampler"]
+        return exposed if exposed is not None else self.__dict__["_raw_sampler"]
+
+    @sampler.setter
+    def sampler(self, value: Any) -> None:
+        self.__dict__["_raw_sampler"] = value
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per global step, all processes together (``None`` when batches vary)."""
+        return self.sharding.total_batch_size(self._underlying_batch_size)
+
+    @property
+    def seed(self) -> int | None:
+        """The shuffle seed (``None`` without a seedable sampler)."""
+        if isinstance(self._epochs, SeedableRandomSampler):
+            return self._epochs.seed
+        return self._seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated, or the one the next iteration will run."""
+        running = self._cursor.epoch
+        return running if running is not None else self._epochs.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration run ``epoch`` (shuffle order and the dataset's own ``set_epoch``)."""
+        self._epochs.set_epoch(epoch)
+        if self._dataset_set_epoch is not None:
+            self._dataset_set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the iteration stands, as JSON-able values.
+
+        ``batches_yielded`` counts the batches of the current epoch this process has handed out
+        (skipped ones included); it is 0 once an epoch has run to its end.
+        """
+        return {
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "batches_yielded": self._cursor.position,
+            "num_processes": self.num_processes,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore epoch and seed; with ``use_stateful_dataloader`` also resume at the next batch.
+
+        Without ``use_stateful_dataloader`` the next iteration starts the saved epoch from its
+        beginning: pass ``state["batches_yielded"]`` to :func:`skip_first_batches` to continue.
+        """
+        if state.get("num_processes", self.num_processes) != self.num_processes:
+            warnings.warn(
+                f"loader state saved with {state['num_processes']} processes, loaded with "
+                f"{self.num_processes}: batches_yielded no longer matches the same samples",
+                stacklevel=2,
+            )
+        self._epochs.set_epoch(int(state["epoch"]))
+        seed = state.get("seed")
+        if seed is not None:
+            self._seed = int(seed)
+            if isinstance(self._epochs, SeedableRandomSampler):
+                self._epochs.seed = int(seed)
+        position = int(state.get("batches_yielded", 0))
+        self._cursor.position = position
+        if self.use_stateful_dataloader:
+            self._resume = max(0, position - self.skip_batches)
+
+    def __len__(self) -> int:
+        return max(0, self._rank_length() - self.skip_batches - self._resume)
+
+    def _rank_length(self) -> int:
+        """Batches this process yields in a whole epoch."""
+        if self._iterable:
+            samples = len(self.dataset)  # type: ignore[arg-type]
+            size = self._underlying_batch_size
+            count = samples if size is None else (samples // size if self.drop_last else math.ceil(samples / size))
+        else:
+            source = self._base_index_source()
+            count = len(source)
+            index_sampler = getattr(_unwrap(source), "sampler", None)
+            samples = len(index_sampler) if isinstance(index_sampler, Sized) else None
+        size = self._underlying_batch_size
+        return rank_batch_count(
+            count,
+            self.sharding,
+            drop_last=self._underlying_drop_last,
+            batch_size=size,
+            # a short last batch exists only if the loader keeps it
+            last_batch_size=samples % size if samples is not None and size and not self._underlying_drop_last else None,
+        )
+
+    def _base_index_source(self) -> Any:
+        return self.batch_sampler if self.batch_sampler is not None else self.__dict__["_raw_sampler"]
+
+    def _steps(self) -> Iterator[tuple[list[Any], int]]:
+        """Global steps built from this loader's own (unsharded) batches."""
+        return global_steps(
+            DataLoader.__iter__(self),
+            self.sharding,
+            batch_size=self._underlying_batch_size,
+            drop_last=self._underlying_drop_last,
+            ops=_TENSOR_OPS,
+        )
+
+    def _rank_batches(self, skip: int) -> Iterator[tuple[Any, bool, int]]:
+        """``(batch, is this rank's last, real samples of its step)`` for this rank."""
+        raise NotImplementedError
+
+    def _fast_source(self, skip: int) -> tuple[Iterator[Any], int]:
+        """The DataLoader iterator for the direct path, and how many of its batches to drop."""
+        return DataLoader.__iter__(self), self.skip_batches + skip
+
+    def _last_remainder(self, batch: Any) -> int:
+        size = find_batch_size(batch)
+        return size if size is not None else -1
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override]
+        cursor = self._cursor
+        epochs = self._epochs
+        epoch = epochs.epoch
+        if self._own_generator:
+            # Starting a DataLoader iterator draws the workers' base seed from the loader's generator,
+            # or from torch's global RNG when it has none: that draw would shift dropout and every
+            # other random op after a resume. A generator of our own, seeded by (seed, epoch), leaves
+            # the global RNG alone and gives workers the same seeds when an epoch is replayed.
+            generator = torch.Generator()
+            generator.manual_seed(_mix_seed(self._seed or 0, epoch) ^ _WORKER_SEED_SALT)
+            self.generator = generator
+        resume, self._resume = self._resume, 0
+        position = self.skip_batches + resume
+        cursor.epoch, cursor.position = epoch, position
+        self.end_of_dataloader = False
+        self.remainder = -1
+        if self._dataset_set_epoch is not None:
+            self._dataset_set_epoch(epoch)
+        move, device, non_blocking = self._move, self.device, self.non_blocking
+        # Across processes with uneven batches "the last global step" has no single size.
+        uneven = self.num_processes > 1 and not self.even_batches
+        self.gradient_state._add_dataloader(self)
+        completed = False
+        try:
+            if self._fast:
+                iterator, drop = self._fast_source(resume)
+                for _ in range(drop):
+                    if next(iterator, _END) is _END:
+                        break
+                current = next(iterator, _END)
+                if current is not _END:
+                    if move:
+                        current = send_to_device(current, device, non_blocking=non_blocking)
+                    # One batch of look-ahead: the last batch is known before it is handed out,
+                    # and moving a batch overlaps with fetching the next one.
+                    for upcoming in iterator:
+                        position += 1
+                        cursor.position = position
+                        yield current
+                        current = send_to_device(upcoming, device, non_blocking=non_blocking) if move else upcoming
+                    self.remainder = -1 if uneven else self._last_remainder(current)
+                    self.end_of_dataloader = True
+                    cursor.position = position + 1
+                    yield current
+            else:
+                for batch, last, real in self._rank_batches(self.skip_batches + resume):
+                    if last:
+                        self.remainder = -1 if uneven else real
+                        self.end_of_dataloader = True
+                    if move:
+                        batch = send_to_device(batch, device, non_blocking=non_blocking)
+                    position += 1
+                    cursor.position = position
+                    yield batch
+            completed = True
+        finally:
+            self.gradient_state._remove_dataloader(self)
+            cursor.epoch = None
+            if completed:
+                epochs.set_epoch(epoch + 1)
+                cursor.position = 0
+            elif epochs.epoch == epoch + 1:
+                # The sampler ran to its end ahead of the loader (look-ahead, worker prefetch) but
+                # the loop stopped early: the epoch is not over.
+                epochs.set_epoch(epoch)
+
+    def _copy_kwargs(self, num_batches: int) -> dict[str, Any]:
+        kwargs = dict(self._init_kwargs)
+        kwargs["seed"] = self.seed  # load_state_dict may have changed it since construction
+        kwargs["skip_batches"] = self.skip_batches + num_batches
+        return kwargs
+
+    def _share_position(self, clone: _PreparedLoader) -> _PreparedLoader:
+        # The copy walks the original's epoch: the original's state_dict (what a checkpoint of the
+        # training run saves) follows it.
+        clone._cursor = self._cursor
+        return clone
+
+    def _with_skip(self, num_batches: int) -> _PreparedLoader:
+        return self._share_position(type(self)(self.dataset, **self._copy_kwargs(num_batches)))

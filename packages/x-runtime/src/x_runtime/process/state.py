@@ -1,0 +1,93 @@
+"""Where this process runs: rank, world, device, backend, and the process group.
+
+Read from the launcher contract (``x_common.env``) when ``x-launch`` started the process, and
+from torchrun's or SLURM's own variables otherwise (``process.environments`` holds the cluster
+environments and their order). A world larger than one is always trained as one job: several CPU
+processes get gloo (Accelerate 1.15 trains each rank alone there unless told ``cpu=True``). Each
+``Accelerator`` owns one ``ProcessState``; torch's process group is the only thing shared, and it
+is created once and reused by a second accelerator in the same process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from x_runtime.process.collectives import barrier
+from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.environments import Request, locate
+
+__all__ = ["DistributedType", "ProcessState"]
+
+
+@dataclass
+class ProcessState:
+    """This process's place in the job and the device it computes on."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    backend: str | None
+    distributed_type: str
+    source: str
+    owns_process_group: bool = field(default=False, repr=False)
+
+    @classmethod
+    def from_environment(
+        cls,
+        *,
+        cpu: bool = False,
+        backend: str | None = None,
+        init_method: str | None = None,
+        timeout: timedelta | None = None,
+        environ: Mapping[str, str] | None = None,
+        sharded: bool = False,
+    ) -> ProcessState:
+        """Read the environment, pick the device, and join the process group when distributed.
+
+        ``sharded`` (a sharding plugin was given) joins a process group even for a world of
+        one started by a launcher, as the launcher's FSDP/DEEPSPEED choice does. XLA (the
+        launcher's choice, or ``PJRT_DEVICE`` set as torch_xla users do) takes rank, world and
+        device from the XLA runtime instead (``environments.XLAEnvironment``).
+
+        Raises:
+            ValueError: a launcher variable is malformed, or XLA was asked without torch_xla.
+        """
+        request = Request.read(
+            cpu=cpu, backend=backend, init_method=init_method, timeout=timeout, environ=environ, sharded=sharded
+        )
+        placement = locate(request)
+        return cls(**{f.name: getattr(placement, f.name) for f in fields(placement)})
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.local_rank == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def wait_for_everyone(self) -> None:
+        if self.use_distributed and dist.is_initialized():
+            barrier()
+
+    def destroy(self) -> None:
+        """Leave the process group if this state created it."""
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+        self.owns_process_group = False

@@ -1,0 +1,130 @@
+"""Plain PyTorch's answer to every ``Strategy`` hook, for strategies to mix in and override.
+
+One process, nothing wrapped: the model goes to the device, backward goes through the fp16
+scaler when there is one, no hook runs around the optimizer step, and weights are written as
+whole tensors (``model.safetensors``, ``optimizer.bin``) by the main process. DDP adds its
+wrapper to this; FSDP, DeepSpeed and XLA override what they do differently.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from x_runtime.checkpoint.files import torch_load, torch_save
+from x_runtime.checkpoint.model_files import load_tensors_file, save_tensors_file
+from x_runtime.strategies.base import Replacements
+
+if TYPE_CHECKING:
+    from x_runtime.data.data_loader import LoaderSpec
+    from x_runtime.data.gradient_state import GradientState
+    from x_runtime.process.state import ProcessState
+
+__all__ = ["StrategyDefaults", "check_shapes", "refuse_layout"]
+
+
+class StrategyDefaults:
+    """The hooks as a single plain-PyTorch process runs them; ``state`` is the process's."""
+
+    distributed_type: str | None = None  # None keeps what the process state inferred
+    scales_loss_for_accumulation = False  # True: backward divides by the accumulation steps itself
+    state: ProcessState
+
+    # --- prepare -----------------------------------------------------------------------------
+    def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.state.device)
+
+    def wrap_model(self, model: torch.nn.Module, *, train: bool) -> torch.nn.Module:
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+        return optimizer
+
+    def finish_prepare(self, prepared: Sequence[Any], *, accumulation_steps: int) -> Replacements:
+        return Replacements()
+
+    def build_loader(self, spec: LoaderSpec, device: torch.device | None, gradient_state: GradientState) -> Any:
+        return spec.build(device=device, gradient_state=gradient_state)
+
+    # --- the step ----------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None, **kwargs: Any) -> None:
+        if scaler is not None:
+            scaler.scale(loss).backward(**kwargs)
+        else:
+            loss.backward(**kwargs)
+
+    def before_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Runs just before a prepared optimizer's real step (accumulation boundaries only)."""
+
+    def after_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Runs just after it."""
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        yield
+
+    def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    # --- weights: whole tensors, written by the main process ---------------------------------
+    def to_host(self, data: Any) -> Any:
+        """``data`` in a form ``torch.save`` writes (XLA tensors must leave the device first)."""
+        return data
+
+    def load_device(self, model: torch.nn.Module) -> torch.device:
+        """Where saved weights are read to before they are copied into ``model``."""
+        return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+    def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The whole model's weights (every rank calls this; only the main process needs them)."""
+        return self.to_host(model.state_dict())
+
+    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
+        """Write ``model``'s weights under ``folder``; return what the manifest should record."""
+        if self.state.is_main_process:
+            save_tensors_file(self.to_host(model.state_dict()), folder / f"{name}.safetensors")
+        return {"layout": "full"}
+
+    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
+        refuse_layout(record, "full", folder)
+        path = folder / f"{name}.safetensors"
+        weights = load_tensors_file(path, device=self.load_device(model))
+        check_shapes(path, weights, model.state_dict())
+        model.load_state_dict(weights, strict=strict)
+
+    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
+        if self.state.is_main_process:
+            torch_save(self.to_host(optimizer.state_dict()), folder / f"{name}.bin")
+        return {"layout": "full"}
+
+    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:
+        refuse_layout(record, "full", folder)
+        optimizer.load_state_dict(torch_load(folder / f"{name}.bin"))
+
+
+def refuse_layout(record: dict, expected: str, folder: Path) -> None:
+    """Refuse a checkpoint whose manifest records another layout than ``expected``."""
+    layout = record.get("layout", "full")
+    if layout != expected:
+        raise ValueError(
+            f"{folder} holds {layout} ({record.get('strategy', 'another strategy')}) weights but this run reads "
+            f"{expected} ones; resume with the strategy that saved it"
+        )
+
+
+def check_shapes(path: Path, saved: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    """Refuse saved tensors whose shapes differ from the model's, naming each."""
+    wrong = [
+        f"{name} {list(value.shape)} (model: {list(expected[name].shape)})"
+        for name, value in saved.items()
+        if name in expected and tuple(value.shape) != tuple(expected[name].shape)
+    ]
+    if wrong:
+        raise ValueError(
+            f"{path} holds tensors of other shapes than the model's: {', '.join(wrong)}; prepare the same model "
+            "as the run that saved it"
+        )

@@ -1,0 +1,36 @@
+"""The user's model inside what prepare wrapped it in: ``torch.compile``, DDP, a DeepSpeed engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.nn.parallel import DistributedDataParallel
+
+__all__ = ["unwrap_model"]
+
+
+def unwrap_model(model: Any, *, keep_torch_compile: bool = False, through_ddp: bool = True) -> Any:
+    """``model`` without the wrappers a strategy (and compilation) put around it.
+
+    Args:
+        model: a prepared model.
+        keep_torch_compile: return the compiled wrapper when the model was compiled whole.
+        through_ddp: unwrap DDP too (``no_sync`` needs the DDP wrapper itself).
+
+    Examples:
+        >>> import torch
+        >>> inner = torch.nn.Linear(1, 1)
+        >>> unwrap_model(inner) is inner
+        True
+    """
+    compiled = model if hasattr(model, "_orig_mod") else None
+    if compiled is not None:
+        model = compiled._orig_mod
+    if type(model).__name__ == "DeepSpeedEngine":
+        return model.module
+    if isinstance(model, DistributedDataParallel):
+        if not through_ddp:
+            return model
+        # A compiled DDP wrapper cannot be kept without the DDP inside it: return the model.
+        return unwrap_model(model.module, keep_torch_compile=keep_torch_compile)
+    return compiled if keep_torch_compile and compiled is not None else model

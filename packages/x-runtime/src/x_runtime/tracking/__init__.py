@@ -1,0 +1,50 @@
+"""Experiment tracking behind ``Accelerator(log_with=...)``: the registry and one module per backend.
+
+``registry`` resolves ``log_with`` (names, ``"all"``, custom trackers) and builds the trackers;
+``base`` holds ``GeneralTracker``, Accelerate's tracker interface; ``tensorboard``, ``wandb``
+and ``mlflow`` are the built-in backends, each importing its package only when built.
+``accelerator_tracking`` holds the ``Accelerator``'s tracking methods.
+
+The names below load on first use, so ``import x_runtime`` does not import the registry or the
+backends' modules (a run that logs nothing never does).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "GeneralTracker",
+    "LoggerType",
+    "MLflowTracker",
+    "TensorBoardTracker",
+    "TrackerSpec",
+    "WandBTracker",
+    "available_trackers",
+    "build_trackers",
+    "filter_trackers",
+]
+
+_HOMES = {
+    "GeneralTracker": "base",
+    "LoggerType": "registry",
+    "MLflowTracker": "mlflow",
+    "TensorBoardTracker": "tensorboard",
+    "TrackerSpec": "registry",
+    "WandBTracker": "wandb",
+    "available_trackers": "registry",
+    "build_trackers": "registry",
+    "filter_trackers": "registry",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])
