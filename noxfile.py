@@ -145,6 +145,20 @@ def integration(session: nox.Session) -> None:
     run_pytest(session, "integration-tests")
 
 
+@nox.session(python=None)
+def compat(session: nox.Session) -> None:
+    """Accelerate's own test scripts, run on Accelerate and on x side by side, sub-test by sub-test.
+
+    compat/generate.py renames the imports of the installed accelerate's scripts to x; compat/run.py
+    runs each script on 1 process, on 2 under the launcher and on 2 under plain torchrun, and fails
+    on any sub-test Accelerate passes here and x does not. Posargs go to compat/run.py.
+    """
+    # Accelerate is installed only here, as the source of the scripts and the side-by-side reference;
+    # datasets and pytest are what the scripts themselves import.
+    install(session, PACKAGES, tools=("accelerate", "datasets", "pytest"))
+    session.run("python", "compat/run.py", "--out", str(Path(session.create_tmp()) / "compat"), *session.posargs)
+
+
 @nox.session(python=None, tags=["ci"])
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check, actionlint on the workflows."""
