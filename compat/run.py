@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -116,8 +117,14 @@ def read_events(folder: Path) -> list[dict[str, str]]:
 
 
 def tail(path: Path, lines: int = 3) -> str:
+    """The error a crashed launch printed: its last exception line, else its last lines."""
     text = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.exists() else []
-    return " | ".join(text[-lines:])[-300:]
+    errors = [
+        line
+        for line in text
+        if "ChildFailedError" not in line and re.match(r"^(\[rank\d+\]: )?[\w.]*(Error|Exception)\b", line.strip())
+    ]
+    return errors[-1].strip()[-300:] if errors else " | ".join(text[-lines:])[-300:]
 
 
 def become_subreaper() -> None:
