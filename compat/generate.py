@@ -11,8 +11,8 @@ copied into this repository by hand. Two rewrites, both on the syntax tree:
    sub-test is recorded, watched by a timeout and skippable (``compat/harness.py``). Both
    implementations get this rewrite, so they are measured the same way.
 2. With ``--impl x`` only: each name imported from ``accelerate`` or one of its modules is taken
-   from ``x_runtime`` or, for the big-model names, ``x_bigmodel`` - the import rule the migration
-   guide documents. A name x lacks becomes a ``Missing`` stand-in: the script still imports, and
+   from ``x_runtime`` or, for the big-model names, ``x_bigmodel`` (``accelerate.commands.*``: from
+   ``x_launch``) - the import rule the migration guide documents. A name x lacks becomes a ``Missing`` stand-in: the script still imports, and
    only the sub-tests that use the name fail, naming it. Accelerate's test helpers
    (``accelerate.test_utils``: ``RegressionModel``, ``are_the_same_tensors``...) are generated into
    ``x_compat_test_utils.py`` from Accelerate's own files with the same rename, so they too run on x.
@@ -37,8 +37,10 @@ SCRIPTS = (
 )
 HELPERS = "x_compat_test_utils"
 HARNESS = "x_compat_harness"
-# Where x keeps Accelerate's names: the first of these modules that has the name.
+# Where x keeps Accelerate's names: the first of these modules that has the name. The commands of
+# Accelerate's CLI (accelerate.commands.*) are x-launch's.
 X_HOMES = ("x_runtime", "x_bigmodel")
+COMMAND_HOMES = ("x_launch",)
 
 
 def accelerate_dir() -> Path:
@@ -61,11 +63,13 @@ class Renamer(ast.NodeTransformer):
     def __init__(self, package: str):
         self.package = package  # the module's own package, for relative imports
         self.homes = [importlib.import_module(m) for m in X_HOMES]
+        self.command_homes = [importlib.import_module(m) for m in COMMAND_HOMES]
         self.helper_names: set[str] = set()
         self.missing: set[str] = set()
 
-    def _home(self, name: str) -> str | None:
-        return next((m.__name__ for m in self.homes if hasattr(m, name)), None)
+    def _home(self, module: str, name: str) -> str | None:
+        homes = self.command_homes if module.startswith("accelerate.commands") else self.homes
+        return next((m.__name__ for m in homes if hasattr(m, name)), None)
 
     def visit_Import(self, node: ast.Import) -> ast.AST | list[ast.stmt]:
         if not any(a.name.split(".")[0] == "accelerate" for a in node.names):
@@ -87,7 +91,7 @@ class Renamer(ast.NodeTransformer):
             if module.startswith("accelerate.test_utils"):
                 self.helper_names.add(alias.name)
                 out.append(ast.ImportFrom(module=HELPERS, names=[alias], level=0))
-            elif home := self._home(alias.name):
+            elif home := self._home(module, alias.name):
                 out.append(ast.ImportFrom(module=home, names=[alias], level=0))
             else:
                 self.missing.add(f"{module}.{alias.name}")
