@@ -154,8 +154,9 @@ def compat(session: nox.Session) -> None:
     on any sub-test Accelerate passes here and x does not. Posargs go to compat/run.py.
     """
     # Accelerate is installed only here, as the source of the scripts and the side-by-side reference;
-    # datasets and pytest are what the scripts themselves import.
-    install(session, PACKAGES, tools=("accelerate", "datasets", "pytest"))
+    # datasets, pytest and torchdata are what the scripts themselves import.
+    install(session, PACKAGES, tools=("accelerate", "datasets", "pytest", "torchdata"))
+    session.run("python", "-m", "pytest", "compat/test_generate.py")
     session.run("python", "compat/run.py", "--out", str(Path(session.create_tmp()) / "compat"), *session.posargs)
 
 

@@ -19,7 +19,9 @@ import traceback
 from collections import Counter
 from typing import Any
 
-_SIMPLE = (bool, int, float, str, type(None))
+# Only flags name a case by value (loop variables such as split_batches=True); anything else is
+# named by its source text, so that a rank-dependent number cannot give ranks different names.
+_SIMPLE = (bool, type(None))
 _seen: Counter[str] = Counter()
 
 
@@ -39,8 +41,6 @@ def _record(event: str, subtest: str, detail: str = "") -> None:
 
 
 def _describe(func: Any, sources: tuple[str, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    # Literal values (loop variables such as split_batches=True) name the case; objects are
-    # named by the expression the script passed, since their repr changes from run to run.
     shown = [repr(v) if isinstance(v, _SIMPLE) else s for s, v in zip(sources[: len(args)], args, strict=True)]
     shown += [
         f"{k}={v!r}" if isinstance(v, _SIMPLE) else f"{k}={sources[len(args) + i]}"
