@@ -44,6 +44,13 @@ use_cpu: true
 """
 
 
+# Two ranks average their half-batch gradients where one process takes the mean of the whole
+# batch: the same sum in another order. After 6 AdamW steps the rounding reaches 1.1e-5 on some
+# CPUs (measured; plain runs on 1 and on 2 threads agree exactly). Each AdamW step moves a weight
+# by up to lr = 5e-3, so a step computed from different gradients shows far above this bound.
+WEIGHT_TOLERANCE = 5e-5
+
+
 def _flat(weights: dict) -> torch.Tensor:
     return torch.cat([torch.tensor(weights[k]) for k in sorted(weights)])
 
@@ -83,7 +90,7 @@ def test_fsdp_llama_trains_like_one_plain_process(llama_runs) -> None:
     assert len(fsdp["losses"]) == len(plain["losses"]) == 6
     assert fsdp["losses"][-1] < fsdp["losses"][0]
     difference = (_flat(plain["weights"]) - _flat(fsdp["weights"])).abs().max().item()
-    assert difference < 1e-5, difference
+    assert difference < WEIGHT_TOLERANCE, difference
 
 
 def test_sharded_checkpoint_and_consolidated_model_files(llama_runs) -> None:
@@ -93,4 +100,4 @@ def test_sharded_checkpoint_and_consolidated_model_files(llama_runs) -> None:
     plain = load_file(llama_runs["plain:project"] / "final" / "model.safetensors")
     assert sorted(final) == sorted(plain)
     assert tuple(final["model.embed_tokens.weight"].shape) == (64, 32)
-    assert max((final[k] - plain[k]).abs().max().item() for k in final) < 1e-5
+    assert max((final[k] - plain[k]).abs().max().item() for k in final) < WEIGHT_TOLERANCE

@@ -339,6 +339,10 @@ def test_a_process_forked_after_a_forward_runs_its_own_prefetch(checkpoint, refe
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit code
         signal.alarm(30)
+        # GNU OpenMP's thread pool does not survive fork: a child whose parent ran a parallel
+        # region hangs in its first one (torch's linear here), whatever x does. One thread keeps
+        # the child out of OpenMP, as torch's own DataLoader workers do.
+        torch.set_num_threads(1)
         os._exit(0 if torch.equal(model(IDS), want) else 3)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
