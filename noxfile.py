@@ -145,7 +145,7 @@ def integration(session: nox.Session) -> None:
     run_pytest(session, "integration-tests")
 
 
-@nox.session(python=None)
+@nox.session(python=None, tags=["ci"])
 def compat(session: nox.Session) -> None:
     """Accelerate's own test scripts, run on Accelerate and on x side by side, sub-test by sub-test.
 

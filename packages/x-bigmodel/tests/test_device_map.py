@@ -66,7 +66,7 @@ def test_max_memory_warns_about_missing_gpus(caplog: pytest.LogCaptureFixture) -
 
 @pytest.mark.parametrize(
     ("given", "match"),
-    [({"tpu": 1}, "invalid device 'tpu'"), ({-1: 1}, "GPU indices are >= 0"), ({"cpu": "1Mb"}, "bits")],
+    [({"tpu": 1}, "invalid device 'tpu'"), ({-1: 1}, "GPU indices are >= 0"), ({"cpu": "1XB"}, "unknown unit 'XB'")],
 )
 def test_max_memory_rejects_bad_input(given: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

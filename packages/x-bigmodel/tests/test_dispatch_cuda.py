@@ -10,6 +10,7 @@ from torch import nn
 
 from x_bigmodel import (
     cpu_offload,
+    cpu_offload_with_hook,
     dispatch_model,
     init_empty_weights,
     load_checkpoint_and_dispatch,
@@ -82,3 +83,26 @@ def test_two_gpu_split_returns_outputs_on_the_first(reference) -> None:
     got = model(X.cuda(0))
     assert got.device == torch.device("cuda", 0)
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.requires_cuda(1)
+def test_cpu_offload_with_hook_chain_on_the_gpu(reference) -> None:
+    torch.manual_seed(1)
+    second_reference = make().eval()
+    want = second_reference(reference(X))
+    first, hook_1 = cpu_offload_with_hook(reference)  # default: CUDA device 0
+    second, hook_2 = cpu_offload_with_hook(second_reference, 0, prev_module_hook=hook_1)
+    assert hook_1.hook.execution_device == torch.device("cuda", 0)
+    assert next(first.parameters()).device.type == "cpu" and next(second.parameters()).device.type == "cpu"
+    hidden = first(X)  # CPU input: the model and its input go to GPU 0
+    assert hidden.device == torch.device("cuda", 0)
+    assert all(p.device == torch.device("cuda", 0) for p in first.parameters())
+    for _ in range(2):
+        got = second(hidden)
+        assert all(p.device.type == "cpu" for p in first.parameters())  # offloaded by second's forward
+        assert all(p.device == torch.device("cuda", 0) for p in second.parameters())
+    torch.testing.assert_close(got.cpu(), want)
+    hook_2.offload()
+    assert all(p.device.type == "cpu" for p in second.parameters())
+    hook_1.remove()
+    hook_2.remove()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from decimal import Decimal
 
 import pytest
@@ -79,13 +80,8 @@ def test_parse_size_numbers(value: int | float, expected: int) -> None:
 @pytest.mark.parametrize(
     ("value", "reason"),
     [
-        # a lowercase final b means bits, refused rather than guessed
-        ("10Gb", "a lowercase 'b' means bits; write the unit with a capital B (e.g. 'GB' or 'GiB')"),
-        ("10gb", "a lowercase 'b' means bits"),
-        ("10 gib", "a lowercase 'b' means bits"),
-        ("10GIb", "a lowercase 'b' means bits"),
-        ("8b", "a lowercase 'b' means bits"),
-        ("1 Mb", "a lowercase 'b' means bits"),
+        # 'b' alone counts bits: not a memory size (Accelerate refuses it too)
+        ("8b", "'b' alone is bits"),
         # unknown units
         ("10 XB", "unknown unit 'XB'"),
         ("10 bytes", "unknown unit 'bytes'"),
@@ -139,18 +135,45 @@ def test_parse_size_rejects_and_explains(value: object, reason: str) -> None:
     assert ACCEPTED in message
     assert "B, KB, MB, GB, TB, PB, EB (powers of 1000) or KiB, MiB, GiB, TiB, PiB, EiB (powers of 1024)" in message
     assert "e.g. '10GiB', '500MB', '1.5 GB'" in message
+    assert "'8G'" in message and "a lowercase final b counts bits" in message
 
 
-@pytest.mark.parametrize("unit", ["K", "M", "G", "T", "P", "k", "g"])
-def test_parse_size_single_letter_unit_is_ambiguous(unit: str) -> None:
-    text = f"10{unit}"
-    with pytest.raises(ValueError) as excinfo:
-        parse_size(text)
-    upper = unit.upper()
-    assert str(excinfo.value).startswith(
-        f"invalid size {text!r}: unit {unit!r} is ambiguous; write '{upper}B' (powers of 1000) or '{upper}iB' "
-        f"(powers of 1024); {ACCEPTED}"
-    )
+@pytest.mark.parametrize(
+    ("unit", "power"), [("K", 1), ("M", 2), ("G", 3), ("T", 4), ("P", 5), ("k", 1), ("g", 3), ("E", 6)]
+)
+def test_parse_size_single_letter_unit_is_binary(unit: str, power: int) -> None:
+    # SLURM's --mem=8G, free -g, docker's 8g: a bare letter is the binary unit (Accelerate refuses it)
+    assert parse_size(f"10{unit}") == 10 * 1024**power
+    assert parse_size(f"1.5 {unit}") == int(1.5 * 1024**power)
+
+
+# (text, bytes) pairs computed by Accelerate 1.15's convert_file_size_to_int.
+ACCELERATE_READS = [
+    ("1gb", 125_000_000),  # lowercase final b: gigabits
+    ("10GB", 10_000_000_000),
+    ("10GiB", 10 * 2**30),
+    ("10gib", 10 * 2**30),
+    ("10GIb", 10 * 2**30),
+    ("10Gb", 1_250_000_000),
+    ("1 Mb", 125_000),
+    ("5.0GB", 5_000_000_000),
+    ("1MiB", 2**20),
+    ("3kb", 375),
+    ("1.5KiB", 1536),
+    ("7kb", 875),
+    (1024, 1024),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), ACCELERATE_READS)
+def test_parse_size_reads_as_accelerate_does(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_parse_size_matches_accelerate_itself() -> None:
+    modeling = pytest.importorskip("accelerate.utils.modeling")
+    for text, _ in ACCELERATE_READS:
+        assert parse_size(text) == modeling.convert_file_size_to_int(text), text
 
 
 @pytest.mark.parametrize("text", ["1e999999999", "1e999999MB", "1e1000000 KiB"])
@@ -242,3 +265,11 @@ def test_format_size_int_beyond_float_range() -> None:
 def test_format_then_parse_round_trips_within_rounding(num_bytes: int) -> None:
     text = format_size(num_bytes, precision=6)
     assert abs(parse_size(text.replace(" ", "")) - num_bytes) <= num_bytes * 1e-6
+
+
+def test_parse_size_says_when_it_reads_bits() -> None:
+    with pytest.warns(UserWarning, match=r"size '10gb' is read as bits \(1250000000 bytes\), .* write 10GB for bytes"):
+        assert parse_size("10gb") == 1_250_000_000
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # bytes are read without a word
+        assert parse_size("10GB") == 10_000_000_000

@@ -29,7 +29,7 @@ ARGUMENT_ERRORS = [
     (["--int4", "q4"], "Invalid value for '--int4': 'q4' is not one of 'nf4', 'nf4-dq', 'gptq', 'awq'."),
     (["--library_name", "keras"], "'keras' is not one of 'transformers', 'timm'."),
     (["--fits", "lots"], "Invalid value for '--fits': invalid size 'lots': accepted forms:"),
-    (["--fits", "10gb"], "a lowercase 'b' means bits"),
+    (["--fits", "8b"], "'b' alone is bits, not a memory size"),
     (["--num-gpus", "0"], "Invalid value for '--num-gpus': 0 is not in the range x>=1."),
     (["--seq-len", "0"], "Invalid value for '--seq-len': 0 is not in the range x>=1."),
     (["--frobnicate"], "--frobnicate"),

@@ -165,7 +165,7 @@ def test_config_show_prints_every_value_with_its_source(exe: str, tmp_path: Path
         f"  fsdp_config.fsdp_version: 1  {src}",
     ]:
         assert line in lines, f"{line!r} missing from:\n{out.stdout}"
-    assert lines[-1] == "ignored (Accelerate features x does not offer): downcast_bf16, same_network"
+    assert lines[-1] == "ignored (Accelerate features x does not offer): same_network"
     for key in SCHEMA:  # every top-level key exactly once
         assert sum(line.startswith(f"  {key}: ") for line in lines) == 1, key
     # section keys only when something set them

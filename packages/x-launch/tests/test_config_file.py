@@ -208,7 +208,6 @@ use_cpu: false
 """
 
 ACCELERATE_IGNORED = [
-    "downcast_bf16",
     "enable_cpu_affinity",
     "same_network",
     "tpu_env",
@@ -216,7 +215,13 @@ ACCELERATE_IGNORED = [
     "tpu_use_sudo",
 ]
 
-COMMON = {"compute_environment": "LOCAL_MACHINE", "debug": False, "machine_rank": 0, "main_training_function": "main"}
+COMMON = {
+    "compute_environment": "LOCAL_MACHINE",
+    "debug": False,
+    "downcast_bf16": False,  # a setting now (--downcast_bf16 on TPU), no longer ignored
+    "machine_rank": 0,
+    "main_training_function": "main",
+}
 
 
 def test_accelerate_multi_gpu_config_loads_unchanged(tmp_path: Path) -> None:
@@ -302,7 +307,6 @@ def test_accelerate_dynamo_multi_node_config_loads_unchanged(tmp_path: Path) -> 
     assert values["fsdp_config.fsdp_offload_params"] is True
     assert not any(key.startswith("parallelism_config") for key in values)
     assert loaded.ignored == [
-        "downcast_bf16",
         "enable_cpu_affinity",
         "parallelism_config",
         "same_network",
@@ -328,7 +332,6 @@ def test_json_written_into_a_yaml_file_loads(tmp_path: Path) -> None:
         }
     )
     assert loaded.ignored == [
-        "downcast_bf16",
         "enable_cpu_affinity",
         "same_network",
         "tpu_use_cluster",

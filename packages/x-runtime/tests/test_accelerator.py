@@ -36,11 +36,13 @@ def test_prepare_returns_objects_in_the_order_given() -> None:
     assert accelerator.prepare(model.weight) is model.weight
 
 
-def test_preparing_a_model_twice_is_refused() -> None:
+def test_a_prepared_object_prepared_again_comes_back_as_it_is() -> None:
     accelerator = Accelerator(cpu=True)
-    model = accelerator.prepare(torch.nn.Linear(2, 2))
-    with pytest.raises(ValueError, match="already prepared"):
-        accelerator.prepare(model)
+    model, optimizer, loader = accelerator.prepare(*_parts(n=8, batch=2)[:3])
+    scheduler = accelerator.prepare(torch.optim.lr_scheduler.StepLR(optimizer.optimizer, 1))
+    again = accelerator.prepare(model, optimizer, loader, scheduler)
+    assert all(a is b for a, b in zip(again, (model, optimizer, loader, scheduler), strict=True))
+    assert len(accelerator._prepared.dataloaders) == 1 and len(accelerator._prepared.schedulers) == 1
 
 
 def test_accumulate_steps_only_on_boundaries_and_on_the_last_batch() -> None:
@@ -103,7 +105,6 @@ def test_bf16_forward_autocasts_and_returns_fp32() -> None:
 @pytest.mark.parametrize(
     ("mode", "message"),
     [
-        ("fp16", "mixed_precision='fp16' needs a GPU; on CPU use 'bf16' or 'no'"),
         (
             "fp8",
             "mixed_precision='fp8' needs an NVIDIA GPU of compute capability >= 8.9 (H100, L4, RTX 4090); this run computes on cpu: use 'bf16'",
@@ -114,6 +115,11 @@ def test_bf16_forward_autocasts_and_returns_fp32() -> None:
 def test_unusable_precision_is_refused_with_the_alternative(mode, message) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Accelerator(cpu=True, mixed_precision=mode)
+
+
+def test_fp16_on_cpu_is_accepted_and_computes_in_float32_as_in_accelerate() -> None:
+    accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+    assert accelerator.mixed_precision == "fp16" and accelerator.scaler is None
 
 
 def test_launcher_contract_sets_precision_accumulation_and_cpu(monkeypatch) -> None:

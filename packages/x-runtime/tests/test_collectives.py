@@ -227,9 +227,9 @@ def test_shape_mismatch_beyond_dim_0_raises_on_every_rank_naming_shapes(reports,
     )
     nested = ", ".join(f"rank {r} (2, {2 + r})" for r in range(world))
     for rep in reports(world):
-        assert _error(rep, "mismatch_shape") == ("ValueError", message)
+        assert _error(rep, "mismatch_shape") == ("DistributedOperationException", message)
         error, text = _error(rep, "mismatch_shape_nested")
-        assert error == "ValueError"
+        assert error == "DistributedOperationException"
         assert text.startswith(f"gather: shapes differ across processes beyond dim 0 at data['y'][0]: {nested};")
         # Every rank left the failed gather in step: the next collective works.
         assert ok(rep, "after_mismatch") == encode(torch.arange(world))
@@ -242,7 +242,7 @@ def test_dtype_mismatch_raises_on_every_rank(reports, world) -> None:
         f"gather: dtypes differ across processes: rank 0 torch.float32, {others} torch.int64; cast them to one dtype"
     )
     for rep in reports(world):
-        assert _error(rep, "mismatch_dtype") == ("ValueError", message)
+        assert _error(rep, "mismatch_dtype") == ("DistributedOperationException", message)
 
 
 @worlds
@@ -254,7 +254,7 @@ def test_structure_and_leaf_mismatches_raise_on_every_rank(reports, world) -> No
     )
     leaf = "gather: expected tensors or nested lists/tuples/dicts of tensors; rank 1 has str at data['b']"
     for rep in reports(world):
-        assert _error(rep, "mismatch_structure") == ("ValueError", structure)
+        assert _error(rep, "mismatch_structure") == ("DistributedOperationException", structure)
         assert _error(rep, "mismatch_leaf") == ("TypeError", leaf)
 
 
@@ -286,7 +286,11 @@ def test_pad_across_processes_end_start_and_other_dims(reports, world) -> None:
         n[:, world - (r + 1) :] = 1
         assert ok(rep, "pad_dim_neg") == encode([n])
         error, text = _error(rep, "pad_ndim_mismatch")
-        assert error == "ValueError" and "different numbers of dimensions" in text and "rank 0 (2,)" in text
+        assert (
+            error == "DistributedOperationException"
+            and "different numbers of dimensions" in text
+            and "rank 0 (2,)" in text
+        )
 
 
 @worlds

@@ -94,6 +94,18 @@ def test_transformer_wrap_defaults_to_the_models_no_split_modules() -> None:
     assert _names(model, units) == ["layers.0", "layers.1", "layers.2"]
 
 
+def test_set_auto_wrap_policy_settles_the_layer_classes_early_as_accelerate() -> None:
+    plugin = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap")
+    plugin.set_auto_wrap_policy(Model())
+    assert plugin.transformer_cls_names_to_wrap == ["Layer"]
+    plain = FullyShardedDataParallelPlugin(auto_wrap_policy="transformer_based_wrap")
+    with pytest.raises(ValueError, match=r"Sequential declares no _no_split_modules"):
+        plain.set_auto_wrap_policy(nn.Sequential(nn.Linear(2, 2)))
+    sized = FullyShardedDataParallelPlugin(auto_wrap_policy="size_based_wrap", min_num_params=10)
+    sized.set_auto_wrap_policy(Model())  # nothing to settle: units are found by size at prepare
+    assert sized.transformer_cls_names_to_wrap is None
+
+
 def test_size_wrap_groups_parameters_until_the_threshold() -> None:
     model = Model()
     units = wrap_units(model, FullyShardedDataParallelPlugin(auto_wrap_policy="size_based_wrap", min_num_params=200))
@@ -131,3 +143,26 @@ def test_plugin_contradicting_the_launcher_names_both(monkeypatch) -> None:
 def test_fsdp_plugin_in_a_lone_process_is_refused_with_how_to_launch() -> None:
     with pytest.raises(ValueError, match="FSDP needs a process group, but this process was started alone"):
         Accelerator(cpu=True, fsdp_plugin=FullyShardedDataParallelPlugin())
+
+
+def test_plugin_accepts_torch_fsdp_enums_and_numbers() -> None:
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy, StateDictType
+
+    from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin(
+        sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+        state_dict_type=StateDictType.SHARDED_STATE_DICT,
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+    )
+    assert (plugin.reshard_after_forward, plugin.state_dict_type, plugin.backward_prefetch) == (
+        False,
+        "SHARDED_STATE_DICT",
+        "BACKWARD_PRE",
+    )
+    plugin = FullyShardedDataParallelPlugin(reshard_after_forward=ShardingStrategy.FULL_SHARD, state_dict_type=1)
+    assert (plugin.reshard_after_forward, plugin.state_dict_type) == (True, "FULL_STATE_DICT")
+    assert (
+        FullyShardedDataParallelPlugin(sharding_strategy="ShardingStrategy.SHARD_GRAD_OP").reshard_after_forward
+        is False
+    )

@@ -15,17 +15,26 @@ from x_bigmodel._version import __version__
 from x_bigmodel.checkpoint_loading import load_checkpoint_in_model, set_module_tensor_to_device
 from x_bigmodel.device_map import get_balanced_memory, get_max_memory, infer_auto_device_map, resolve_device_map
 from x_bigmodel.device_plan import DevicePlan
-from x_bigmodel.dispatch import cpu_offload, disk_offload, dispatch_model, load_checkpoint_and_dispatch
+from x_bigmodel.dispatch import (
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
+    load_checkpoint_and_dispatch,
+)
 from x_bigmodel.empty_weights import init_empty_weights, init_on_device
 from x_bigmodel.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
+from x_bigmodel.offload_hook import UserCpuOffloadHook
 
 __all__ = [
     "DevicePlan",
     "ModelHook",
     "SequentialHook",
+    "UserCpuOffloadHook",
     "__version__",
     "add_hook_to_module",
     "cpu_offload",
+    "cpu_offload_with_hook",
     "disk_offload",
     "dispatch_model",
     "get_balanced_memory",

@@ -20,6 +20,8 @@ Differences from Accelerate's ``infer_auto_device_map``:
   their forward. Accelerate keeps it always, even when the whole model fits on the GPUs;
 * disk is used only when ``max_memory`` names a ``"disk"`` budget (offloading to disk needs a
   folder, which the caller should choose); a model that does not fit raises ``ValueError``.
+  ``load_checkpoint_and_dispatch`` and ``dispatch_model`` given an offload folder add disk last
+  with no limit (``budgets.with_disk``), as Accelerate's planner always does.
 """
 
 from __future__ import annotations
@@ -96,7 +98,10 @@ def _no_room_message(plan: UnitTable, members: list[int], size: int, budgets: di
             f"{format_size(sum(budgets.values()))}, less room kept free to load offloaded layers"
         )
     if "disk" not in budgets:
-        message += "; give a 'disk' budget in max_memory to offload the rest to disk"
+        message += (
+            "; give a 'disk' budget in max_memory to offload the rest to disk (or offload_folder= to "
+            "load_checkpoint_and_dispatch or dispatch_model, which puts the rest on disk in that folder)"
+        )
     return message
 
 

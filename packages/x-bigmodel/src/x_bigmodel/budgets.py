@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,15 @@ from x_common.devices import list_devices
 from x_common.host_memory import host_memory
 from x_common.sizes import parse_size
 
-__all__ = ["CPU_MARGIN_BYTES", "CPU_MARGIN_FRACTION", "GPU_MARGIN_BYTES", "GPU_MARGIN_FRACTION", "get_max_memory"]
+__all__ = [
+    "CPU_MARGIN_BYTES",
+    "CPU_MARGIN_FRACTION",
+    "GPU_MARGIN_BYTES",
+    "GPU_MARGIN_FRACTION",
+    "UNLIMITED_DISK",
+    "get_max_memory",
+    "with_disk",
+]
 
 # Logged under the public module's name, the one users know (and configured before this split).
 logger = logging.getLogger("x_bigmodel.device_map")
@@ -27,6 +36,9 @@ GPU_MARGIN_FRACTION = 0.05
 # plus 5% of the RAM this process may use.
 CPU_MARGIN_BYTES = 2**30
 CPU_MARGIN_FRACTION = 0.05
+# The "disk" budget an offload folder brings when max_memory gives none: no limit, as Accelerate's
+# infer_auto_device_map always has disk last with no limit.
+UNLIMITED_DISK = sys.maxsize
 
 
 def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[DeviceKey, int]:
@@ -78,3 +90,20 @@ def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[De
         if missing:
             logger.warning("max_memory names GPU(s) %s, but this process sees %d CUDA device(s)", missing, count)
     return in_filling_order(budgets)
+
+
+def with_disk(budgets: Mapping[DeviceKey, int]) -> dict[DeviceKey, int]:
+    """``budgets`` with ``"disk"`` last, unlimited (``UNLIMITED_DISK``), unless a disk budget is given.
+
+    What an offload folder means for planning: what does not fit in the other budgets goes to
+    disk, as with Accelerate's ``load_checkpoint_and_dispatch``.
+
+    Examples:
+        >>> with_disk({0: 10, "cpu": 20}) == {0: 10, "cpu": 20, "disk": UNLIMITED_DISK}
+        True
+        >>> with_disk({"cpu": 20, "disk": 5})
+        {'cpu': 20, 'disk': 5}
+    """
+    result = dict(budgets)
+    result.setdefault("disk", UNLIMITED_DISK)
+    return in_filling_order(result)

@@ -21,7 +21,7 @@ import torch
 
 from x_bigmodel.auto_map import infer_auto_device_map
 from x_bigmodel.balanced_memory import get_balanced_memory
-from x_bigmodel.budgets import get_max_memory
+from x_bigmodel.budgets import get_max_memory, with_disk
 from x_bigmodel.device_keys import DeviceKey
 from x_bigmodel.device_plan import DeviceMap, DevicePlan, check_device_map
 
@@ -53,7 +53,9 @@ def plan_device_map(
     """Resolve ``device_map`` once into a ``DevicePlan`` (see ``resolve_device_map`` for the forms).
 
     A ``DevicePlan`` is taken as already resolved: it is returned as is (with ``offload_folder``
-    when one is given), not checked again.
+    when one is given), not checked again. When a strategy is planned with an ``offload_folder``,
+    disk is the last device, with no limit unless ``max_memory`` gives one: what does not fit in
+    the other budgets goes to disk (as Accelerate's ``load_checkpoint_and_dispatch`` does).
 
     Examples:
         >>> import torch
@@ -73,6 +75,8 @@ def plan_device_map(
                 f"unknown device_map {device_map!r}: expected a dict or one of {', '.join(DEVICE_MAP_STRATEGIES)}"
             )
         budgets = get_max_memory(max_memory)
+        if offload_folder is not None:
+            budgets = with_disk(budgets)
         if device_map != "sequential":
             budgets = get_balanced_memory(
                 model,
@@ -112,7 +116,8 @@ def resolve_device_map(
     Strategies: ``"auto"`` and ``"balanced"`` spread the model evenly over the GPUs
     (``get_balanced_memory``), ``"balanced_low_0"`` does so keeping GPU 0 as empty as it can,
     ``"sequential"`` fills GPU 0, then GPU 1, and so on; all then use the CPU and, if
-    ``max_memory`` gives a ``"disk"`` budget, the disk.
+    ``max_memory`` gives a ``"disk"`` budget, the disk (``plan_device_map`` and the dispatch
+    entries also do when given an offload folder).
 
     A dict is validated: every key must name a module or tensor of ``model`` (``""`` is the
     whole model), every parameter and buffer must be covered by a key, tensors shared between

@@ -1,10 +1,11 @@
 """Run a model spread over devices: ``dispatch_model``, ``load_checkpoint_and_dispatch``,
-``cpu_offload`` and ``disk_offload``, with Accelerate's names and arguments.
+``cpu_offload``, ``cpu_offload_with_hook`` and ``disk_offload``, with Accelerate's names and arguments.
 
 ``device_map`` is resolved once, here, into a ``DevicePlan`` (``plan_device_map``); the loader
 (``load_planned``) and the dispatcher (``dispatch_planned``, which documents the hooks and the
 offloading) read that plan as is. ``cpu_offload`` and ``disk_offload`` live in
-``x_bigmodel.offload`` and are re-exported here.
+``x_bigmodel.offload``, ``cpu_offload_with_hook`` in ``x_bigmodel.offload_hook``; all are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from x_bigmodel.device_map import plan_device_map
 from x_bigmodel.device_plan import DeviceMap, DevicePlan
 from x_bigmodel.dispatcher import dispatch_planned
 from x_bigmodel.offload import cpu_offload, disk_offload
+from x_bigmodel.offload_hook import cpu_offload_with_hook
 from x_bigmodel.tensor_placement import torch_dtype
 
-__all__ = ["cpu_offload", "disk_offload", "dispatch_model", "load_checkpoint_and_dispatch"]
+__all__ = ["cpu_offload", "cpu_offload_with_hook", "disk_offload", "dispatch_model", "load_checkpoint_and_dispatch"]
 
 
 def dispatch_model(
@@ -46,7 +48,8 @@ def dispatch_model(
     Args:
         model: a model whose tensors are loaded (on any device) or, for entries offloaded to disk,
             on the meta device with their place given by ``offload_index``/``offload_dir``.
-        device_map: ``{module or tensor name: device}`` (see ``resolve_device_map``), or a
+        device_map: ``{module or tensor name: device}`` (see ``resolve_device_map``), a strategy
+            name (planned within the free memory; with ``offload_dir``, disk comes last), or a
             ``DevicePlan`` (taken as already resolved).
         main_device: where ``"cpu"`` and ``"disk"`` entries run. Default: the first accelerator in
             the map, else the CPU.
@@ -113,8 +116,11 @@ def load_checkpoint_and_dispatch(
     model's ``_no_split_modules``). Without a device map the checkpoint is loaded where the
     model's tensors are (CPU for meta ones) and the model is returned without hooks.
 
-    Disk-mapped weights are read from a safetensors checkpoint in place; ``offload_folder`` is
-    needed only for ``.bin`` checkpoints (their disk weights are saved there as safetensors).
+    With ``offload_folder``, a strategy puts on disk what does not fit in ``max_memory``'s other
+    budgets (disk is the last device, with no limit unless ``max_memory`` gives one), as in
+    Accelerate; without one, a model that does not fit raises ``ValueError``. Disk-mapped weights
+    are read from a safetensors checkpoint in place (the folder holds only the offload
+    ``index.json``); from ``.bin`` checkpoints they are saved there as safetensors.
     See ``load_checkpoint_in_model`` and ``dispatch_model`` for the other arguments.
 
     Examples:

@@ -13,17 +13,28 @@ Examples:
     {'X_MIXED_PRECISION': 'bf16'}
     >>> MIXED_PRECISION.read(env), GRADIENT_ACCUMULATION_STEPS.read(env)
     ('bf16', 1)
+
+A script started by ``accelerate launch`` gets Accelerate's variables instead; each contract
+variable names Accelerate's as its fallbacks (``Fallback``), read with Accelerate's spellings
+when no ``X_*`` variable is set (``X_*`` wins):
+
+    >>> MIXED_PRECISION.read({"ACCELERATE_MIXED_PRECISION": "bf16"})
+    'bf16'
+    >>> DISTRIBUTED_TYPE.read({"ACCELERATE_USE_FSDP": "true"})
+    'FSDP'
+    >>> FSDP_SHARDING_STRATEGY.read({"FSDP_SHARDING_STRATEGY": "2"})
+    'SHARD_GRAD_OP'
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from x_common.kinds import Bool, Choice, Float, Int, Kind, Str, StrList
+from x_common.kinds import TRUE_WORDS, Bool, Choice, Float, Int, Kind, Numbered, Str, StrList
 
 PREFIX = "X_"
 LAUNCH_FLAG_PREFIX = "X_LAUNCH_"
@@ -39,31 +50,86 @@ FSDP_BACKWARD_PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 DEEPSPEED_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
+# What Accelerate writes for "not given" (``str(None)``, DeepSpeed's ``auto``): read as unset.
+_UNSET_WORDS = ("none", "auto")
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """Accelerate's variable for a setting, read when the ``X_*`` variable is unset.
+
+    Attributes:
+        name: Accelerate's variable, e.g. ``ACCELERATE_MIXED_PRECISION`` or ``FSDP_VERSION``.
+        kind: how Accelerate spells the value, when the ``X_*`` variable's kind does not read it.
+        means: for a switch (``ACCELERATE_USE_FSDP=true``): the value it stands for when true;
+            false means "not this one".
+        when: whether the fallback applies in this environment (Accelerate reads some
+            variables only together with others, e.g. FSDP1's strategy not under FSDP2).
+    """
+
+    name: str
+    kind: Kind | None = None
+    means: Any = None
+    when: Callable[[Mapping[str, str]], bool] | None = None
+
+    def raw(self, environ: Mapping[str, str]) -> str | None:
+        """The text that applies, or ``None`` (unset, empty, ``None``/``auto``, or ``when`` says no)."""
+        raw = environ.get(self.name)
+        if raw is None or raw.strip().lower() in ("", *_UNSET_WORDS):
+            return None
+        if self.when is not None and not self.when(environ):
+            return None
+        if self.means is not None and not Bool().parse(self.name, raw):
+            return None
+        return raw
+
+    def value(self, raw: str, kind: Kind) -> Any:
+        """The typed value of ``raw``; errors name Accelerate's variable."""
+        return self.means if self.means is not None else (self.kind or kind).parse(self.name, raw)
+
+
 @dataclass(frozen=True)
 class EnvVar:
-    """One environment variable: its name, value kind, default and meaning."""
+    """One environment variable: its name, value kind, default and meaning.
+
+    ``fallbacks`` are Accelerate's variables for the same setting, tried in order when this
+    one is unset, so a script started by ``accelerate launch`` runs as configured.
+    """
 
     name: str
     kind: Kind = field(repr=False)
     default: Any = None
     doc: str = ""
+    fallbacks: tuple[Fallback, ...] = field(default=(), repr=False)
+
+    def _source(self, environ: Mapping[str, str]) -> tuple[str, Fallback | None] | None:
+        raw = environ.get(self.name)
+        if raw is not None and raw.strip() != "":
+            return raw, None
+        for fallback in self.fallbacks:
+            text = fallback.raw(environ)
+            if text is not None:
+                return text, fallback
+        return None
 
     def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
-        """Whether the variable is present (an empty value counts as absent)."""
-        raw = (os.environ if environ is None else environ).get(self.name)
-        return raw is not None and raw.strip() != ""
+        """Whether the variable, or one of its Accelerate fallbacks, is present (empty counts as absent)."""
+        return self._source(os.environ if environ is None else environ) is not None
 
     def read(self, environ: Mapping[str, str] | None = None) -> Any:
         """Typed value from ``environ`` (default ``os.environ``), or the default when unset.
+
+        The ``X_*`` variable wins; without it, the first Accelerate fallback that is set.
 
         Raises:
             ValueError: the value is malformed; the message names the variable, the value and
                 the accepted values.
         """
-        raw = (os.environ if environ is None else environ).get(self.name)
-        if raw is None or raw.strip() == "":
+        found = self._source(os.environ if environ is None else environ)
+        if found is None:
             return self.default
-        return self.kind.parse(self.name, raw)
+        raw, fallback = found
+        return self.kind.parse(self.name, raw) if fallback is None else fallback.value(raw, self.kind)
 
     def format(self, value: Any) -> str:
         """The string that ``read`` turns back into ``value``.
@@ -81,8 +147,75 @@ class EnvVar:
 
 
 def _var(name: str, kind: Kind, default: Any, doc: str) -> EnvVar:
-    return EnvVar(PREFIX + name, kind, default, doc)
+    """The contract variable ``X_<name>``, with Accelerate's variables (``_ACCELERATE``) as fallbacks."""
+    return EnvVar(PREFIX + name, kind, default, doc, _ACCELERATE.get(name, ()))
 
+
+# Accelerate's spellings: FSDP enums by name or torch's number, in Accelerate's order.
+_ACC_STATE_DICT_ORDER = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+_ACC_FSDP2 = "FSDP_VERSION"
+_ACC_RESHARD = "FSDP_RESHARD_AFTER_FORWARD"
+
+
+def _not_fsdp2(environ: Mapping[str, str]) -> bool:
+    """Accelerate reads FSDP1's sharding strategy only when FSDP_VERSION is not 2."""
+    return environ.get(_ACC_FSDP2, "1").strip() != "2"
+
+
+def _reshard_is_bool(environ: Mapping[str, str]) -> bool:
+    """FSDP_RESHARD_AFTER_FORWARD holds a boolean (FSDP2), not an FSDP1 strategy name."""
+    return environ.get(_ACC_RESHARD, "").strip().lower() in (*TRUE_WORDS, "0", "false", "no", "off")
+
+
+def _reshard_is_strategy(environ: Mapping[str, str]) -> bool:
+    return not _reshard_is_bool(environ)
+
+
+# Accelerate's variables for each contract variable (by name without the prefix), tried in
+# order when the X_* one is unset: what `accelerate launch` writes (utils/launch.py) and its
+# runtime reads, with its spellings ("True", "2" for SHARD_GRAD_OP, "none" for unset).
+_SHARDING = Numbered(FSDP_SHARDING_STRATEGIES)
+_ACCELERATE: dict[str, tuple[Fallback, ...]] = {
+    # Accelerate's state.py tries DeepSpeed first
+    "DISTRIBUTED_TYPE": (
+        Fallback("ACCELERATE_USE_DEEPSPEED", means="DEEPSPEED"),
+        Fallback("ACCELERATE_USE_FSDP", means="FSDP"),
+    ),
+    "MIXED_PRECISION": (Fallback("ACCELERATE_MIXED_PRECISION"),),
+    "USE_CPU": (Fallback("ACCELERATE_USE_CPU"),),
+    "GRADIENT_ACCUMULATION_STEPS": (Fallback("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),),
+    "DEBUG_MODE": (Fallback("ACCELERATE_DEBUG_MODE"),),
+    "DYNAMO_BACKEND": (Fallback("ACCELERATE_DYNAMO_BACKEND"),),
+    "DYNAMO_MODE": (Fallback("ACCELERATE_DYNAMO_MODE"),),
+    "DYNAMO_FULLGRAPH": (Fallback("ACCELERATE_DYNAMO_USE_FULLGRAPH"),),
+    "DYNAMO_DYNAMIC": (Fallback("ACCELERATE_DYNAMO_USE_DYNAMIC"),),
+    "DYNAMO_REGIONAL": (Fallback("ACCELERATE_DYNAMO_USE_REGIONAL_COMPILATION"),),
+    "FSDP_VERSION": (Fallback(_ACC_FSDP2),),
+    # a boolean under FSDP2; FSDP1 strategy names in it go to the sharding strategy, as the config's key
+    "FSDP_RESHARD_AFTER_FORWARD": (Fallback(_ACC_RESHARD, when=_reshard_is_bool),),
+    "FSDP_SHARDING_STRATEGY": (
+        Fallback(_ACC_RESHARD, _SHARDING, when=_reshard_is_strategy),
+        Fallback("FSDP_SHARDING_STRATEGY", _SHARDING, when=_not_fsdp2),  # always written; FSDP2 ignores it
+    ),
+    "FSDP_AUTO_WRAP_POLICY": (Fallback("FSDP_AUTO_WRAP_POLICY", Numbered(FSDP_AUTO_WRAP_POLICIES)),),
+    "FSDP_TRANSFORMER_CLS_TO_WRAP": (Fallback("FSDP_TRANSFORMER_CLS_TO_WRAP"),),
+    "FSDP_MIN_NUM_PARAMS": (Fallback("FSDP_MIN_NUM_PARAMS"),),
+    "FSDP_OFFLOAD_PARAMS": (Fallback("FSDP_OFFLOAD_PARAMS"),),
+    "FSDP_STATE_DICT_TYPE": (Fallback("FSDP_STATE_DICT_TYPE", Numbered(FSDP_STATE_DICT_TYPES, _ACC_STATE_DICT_ORDER)),),
+    "FSDP_ACTIVATION_CHECKPOINTING": (Fallback("FSDP_ACTIVATION_CHECKPOINTING"),),
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": (Fallback("FSDP_CPU_RAM_EFFICIENT_LOADING"),),
+    "FSDP_SYNC_MODULE_STATES": (Fallback("FSDP_SYNC_MODULE_STATES"),),
+    "FSDP_USE_ORIG_PARAMS": (Fallback("FSDP_USE_ORIG_PARAMS"),),
+    "FSDP_FORWARD_PREFETCH": (Fallback("FSDP_FORWARD_PREFETCH"),),
+    "FSDP_BACKWARD_PREFETCH": (Fallback("FSDP_BACKWARD_PREFETCH", Numbered(FSDP_BACKWARD_PREFETCHES)),),
+    "DEEPSPEED_CONFIG_FILE": (Fallback("ACCELERATE_DEEPSPEED_CONFIG_FILE"),),
+    "DEEPSPEED_ZERO_STAGE": (Fallback("ACCELERATE_DEEPSPEED_ZERO_STAGE"),),
+    "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": (Fallback("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"),),
+    "DEEPSPEED_OFFLOAD_PARAM_DEVICE": (Fallback("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE"),),
+    "DEEPSPEED_GRADIENT_CLIPPING": (Fallback("ACCELERATE_GRADIENT_CLIPPING"),),
+    "DEEPSPEED_ZERO3_INIT": (Fallback("ACCELERATE_DEEPSPEED_ZERO3_INIT"),),
+    "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": (Fallback("ACCELERATE_DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"),),
+}
 
 # --- set by x-launch, read by x_runtime ---------------------------------------------------
 LAUNCHED_BY_X = _var("LAUNCHED", Bool(), False, "set by x-launch in every process it starts")
@@ -163,7 +296,9 @@ SLURM_GPUS_ON_NODE = EnvVar("SLURM_GPUS_ON_NODE", Int(minimum=0), None, "GPUs al
 SLURM_STEP_ID = EnvVar("SLURM_STEP_ID", Str(), None, "set inside a job step (srun), not in the batch script")
 SLURM_STEP_NODELIST = EnvVar("SLURM_STEP_NODELIST", Str(), None, "hosts of the step, compressed (srun)")
 CUDA_VISIBLE_DEVICES = EnvVar("CUDA_VISIBLE_DEVICES", Str(), None, "CUDA devices this process sees")
+OMP_NUM_THREADS = EnvVar("OMP_NUM_THREADS", Int(minimum=1), None, "CPU threads per process (OpenMP, torch)")
 PJRT_DEVICE = EnvVar("PJRT_DEVICE", Choice(("TPU", "CPU", "CUDA", "NEURON")), None, "torch_xla runtime device")
+XLA_DOWNCAST_BF16 = EnvVar("XLA_DOWNCAST_BF16", Bool(), None, "torch_xla: store float32 tensors as bfloat16")
 CPU_NUM_DEVICES = EnvVar("CPU_NUM_DEVICES", Int(minimum=1), None, "torch_xla virtual CPU devices")
 DS_ACCELERATOR = EnvVar(
     "DS_ACCELERATOR", Str(), None, "DeepSpeed's accelerator (cpu, cuda, ...), read when it is imported"
@@ -232,6 +367,7 @@ __all__ = [
     "FSDP_STATE_DICT_TYPES",
     "MIXED_PRECISIONS",
     "EnvVar",
+    "Fallback",
     "launch_flag_var",
     "read_contract",
     "to_environ",

@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Bool", "BoolOrChoice", "Choice", "Float", "GpuIds", "Int", "Kind", "Str", "StrList"]
+__all__ = ["Bool", "BoolOrChoice", "Choice", "Float", "GpuIds", "Int", "Kind", "Numbered", "Str", "StrList"]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
@@ -195,6 +195,32 @@ class Choice(_Converting):
         if not isinstance(value, str):
             raise _bad(name, value, self.describe())
         return self.parse(name, value)
+
+
+@dataclass(frozen=True)
+class Numbered(_Converting):
+    """One of ``choices`` by name, or by its 1-based number in ``order``, as torch's enums count.
+
+    Accelerate's files and variables may spell an FSDP setting ``SHARD_GRAD_OP`` or ``2``
+    (``ShardingStrategy(2)``); ``order`` is Accelerate's list when it differs from ``choices``.
+    """
+
+    choices: tuple[str, ...]
+    order: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        numbers = ", ".join(f"{i} ({name})" for i, name in enumerate(self.order or self.choices, 1))
+        return f"one of {', '.join(self.choices)}, or its number: {numbers}"
+
+    def _convert(self, value: Any) -> str:
+        text = str(value).strip()
+        order = self.order or self.choices
+        if text.isdigit() and 1 <= int(text) <= len(order):
+            return Choice(self.choices)._convert(order[int(text) - 1])
+        return Choice(self.choices)._convert(value)
+
+    def format(self, name: str, value: Any) -> str:
+        return Choice(self.choices).format(name, value)
 
 
 @dataclass(frozen=True)

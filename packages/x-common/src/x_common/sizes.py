@@ -1,11 +1,19 @@
-"""Memory sizes: parse what users write ("10GiB", "500MB", "1.5 GB", 1024) and print bytes
+"""Memory sizes: parse what users write ("10GiB", "500MB", "1.5 GB", "8G", 1024) and print bytes
 in binary units that say what they are (KiB, MiB, GiB), never "MB" for 2**20.
+
+Sizes read as Accelerate's ``convert_file_size_to_int`` reads them: ``GB`` is 10**9 bytes,
+``GiB`` 2**30 (binary units in any case: ``"10gib"``), and a decimal unit ending in a
+lowercase ``b`` counts bits (``"1gb"`` and ``"1Gb"`` are 10**9 / 8 bytes), so a
+``max_memory`` written for Accelerate plans the same budget here. Beyond Accelerate: TB, PB,
+EB and their binary forms, a space before the unit, and a bare K, M, G, T or P letter, which
+means the binary unit as SLURM's ``--mem=8G`` and ``free -g`` do (``"8G"`` is 8 GiB).
 """
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from decimal import Decimal, DecimalException
 
 __all__ = ["format_size", "parse_size"]
@@ -18,7 +26,8 @@ _FORMAT_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 _ACCEPTED = (
     "accepted forms: a whole number of bytes (1024), or a number and a unit: "
     "B, KB, MB, GB, TB, PB, EB (powers of 1000) or KiB, MiB, GiB, TiB, PiB, EiB (powers of 1024), "
-    "e.g. '10GiB', '500MB', '1.5 GB'"
+    "e.g. '10GiB', '500MB', '1.5 GB'; also K, M, G, T, P for KiB...PiB ('8G'), and, as in Accelerate, "
+    "a lowercase final b counts bits ('1gb' is 125000000 bytes)"
 )
 _SIZE_RE = re.compile(r"^\s*(?P<number>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$")
 
@@ -26,13 +35,15 @@ _SIZE_RE = re.compile(r"^\s*(?P<number>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(?
 def parse_size(size: int | float | str) -> int:
     """Number of bytes in ``size``.
 
-    Decimal units (KB, MB, GB, ...) are powers of 1000 and binary units (KiB, MiB, GiB, ...)
-    powers of 1024. Unit letters are case-insensitive except the final ``B``: a lowercase
-    ``b`` means bits, which is refused rather than guessed. Fractions of a byte round down.
+    Decimal units (KB, MB, GB, ...) are powers of 1000; binary units (KiB, MiB, GiB, ... in
+    any case, or the bare letter: K, M, G, T, P) powers of 1024. A decimal unit ending in a
+    lowercase ``b`` counts bits, as Accelerate reads it. Fractions of a byte round down.
 
     Examples:
         >>> parse_size("10GiB"), parse_size("500MB"), parse_size("1.5 GB"), parse_size(1024)
         (10737418240, 500000000, 1500000000, 1024)
+        >>> parse_size("8G"), parse_size("1gb"), parse_size("10GB")
+        (8589934592, 125000000, 10000000000)
 
     Raises:
         ValueError: ``size`` is not a size; the message names it and the accepted forms.
@@ -55,7 +66,7 @@ def parse_size(size: int | float | str) -> int:
     if match is None:
         raise ValueError(f"invalid size {size!r}: {_ACCEPTED}")
     number, unit = match["number"], match["unit"]
-    multiplier = _unit_multiplier(size, unit)
+    multiplier, bits = _unit_multiplier(size, unit)
     try:
         value = Decimal(number) * multiplier
         too_large = value > _LARGEST
@@ -65,27 +76,33 @@ def parse_size(size: int | float | str) -> int:
         raise ValueError(f"invalid size {size!r}: larger than any memory (over {_LARGEST} bytes); {_ACCEPTED}")
     if not unit and value != value.to_integral_value():
         raise ValueError(f"invalid size {size!r}: a number without unit must be a whole count of bytes; {_ACCEPTED}")
+    if bits:
+        # Accelerate reads it so, and a migrated max_memory must mean what it meant there; but
+        # "10gb" typed for 10 GB is the likelier intent, so the reading is said out loud.
+        warnings.warn(
+            f"size {size!r} is read as bits ({int(value) // 8} bytes), as Accelerate reads it; "
+            f"write {number}{unit[:-1].upper()}B for bytes",
+            stacklevel=2,
+        )
+        return int(value) // 8  # Accelerate: int(float(n) * 10**9) // 8
     return int(value)
 
 
-def _unit_multiplier(original: str, unit: str) -> int:
+def _unit_multiplier(original: str, unit: str) -> tuple[int, bool]:
+    """``(bytes per unit, whether the number counts bits)``."""
     if not unit:
-        return 1
-    if unit.endswith("b") and not unit.endswith("B"):
-        raise ValueError(
-            f"invalid size {original!r}: a lowercase 'b' means bits; write the unit with a capital B "
-            f"(e.g. 'GB' or 'GiB'); {_ACCEPTED}"
-        )
+        return 1, False
     upper = unit.upper()
-    if upper in _DECIMAL:
-        return _DECIMAL[upper]
     if upper in _BINARY:
-        return _BINARY[upper]
-    if upper in {"K", "M", "G", "T", "P"}:
-        raise ValueError(
-            f"invalid size {original!r}: unit {unit!r} is ambiguous; write '{upper}B' "
-            f"(powers of 1000) or '{upper}iB' (powers of 1024); {_ACCEPTED}"
-        )
+        return _BINARY[upper], False
+    if upper in {"K", "M", "G", "T", "P", "E"}:
+        return _BINARY[upper + "IB"], False
+    if upper in _DECIMAL and upper != "B":
+        return _DECIMAL[upper], unit.endswith("b")
+    if unit == "B":
+        return 1, False
+    if unit == "b":
+        raise ValueError(f"invalid size {original!r}: 'b' alone is bits, not a memory size; {_ACCEPTED}")
     raise ValueError(f"invalid size {original!r}: unknown unit {unit!r}; {_ACCEPTED}")
 
 

@@ -5,5 +5,6 @@ so ``x-launch --help`` answers at once on a login node.
 """
 
 from x_launch._version import __version__
+from x_launch.merge import merge_command, merge_command_parser
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "merge_command", "merge_command_parser"]

@@ -185,11 +185,76 @@ def test_command(config_file: Path | None, num_processes: str | None, use_cpu: b
     sys.exit(run_self_check(lambda target: build_plan(settings, target, module=True), world, click.echo))
 
 
-def _flag(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+@_cli.command("migrate")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--write", is_flag=True, help="Rewrite the files in place (atomically) instead of only printing the diff."
+)
+def migrate(files: tuple[Path, ...], write: bool) -> None:
+    """Rewrite scripts' imports from Accelerate to x and print the unified diff.
+
+    \b
+    Names from accelerate and accelerate.<module> come from x_runtime; the big-model names
+    (init_empty_weights, load_checkpoint_and_dispatch, dispatch_model, ..., accelerate.hooks)
+    from x_bigmodel; accelerate.commands.* from x_launch; `import accelerate` becomes
+    `import x_runtime as accelerate`. Only import statements change.
+
+    \b
+    Examples:
+      x-launch migrate train.py
+      x-launch migrate --write train.py utils.py
+    """
+    from x_launch.config_file import ConfigError
+    from x_launch.migrate import MigrateError, migrate_file
+
+    try:
+        diffs = [(path, migrate_file(path)) for path in files]  # every file checked before any is written
+        for path, diff in diffs:
+            if diff and write:
+                migrate_file(path, write=True)
+            click.echo(diff, nl=False)
+    except MigrateError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+@_cli.command("merge-weights")
+@click.argument("checkpoint_directory")
+@click.argument("output_path")
+@click.option("--unsafe_serialization", "--unsafe-serialization", is_flag=True, help="Save .bin, not .safetensors.")
+@click.option("--remove_checkpoint_dir", "--remove-checkpoint-dir", is_flag=True, help="Remove the shards after.")
+def merge_weights(
+    checkpoint_directory: str, output_path: str, unsafe_serialization: bool, remove_checkpoint_dir: bool
+) -> None:
+    """Merge an FSDP SHARDED_STATE_DICT checkpoint into one weights file (as accelerate merge-weights).
+
+    \b
+    Examples:
+      x-launch merge-weights ckpt/pytorch_model_fsdp_0 merged/
+      x-launch merge-weights ckpt/pytorch_model_fsdp_0 merged/ --unsafe_serialization
+    """
+    import argparse
+
+    from x_launch.config_file import ConfigError
+    from x_launch.merge import MergeUnavailable, merge_command
+
+    args = argparse.Namespace(
+        checkpoint_directory=checkpoint_directory,
+        output_path=output_path,
+        unsafe_serialization=unsafe_serialization,
+        remove_checkpoint_dir=remove_checkpoint_dir,
+    )
+    try:
+        merge_command(args)
+    except (MergeUnavailable, ValueError, OSError) as exc:
+        raise ConfigError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    click.echo(f"merged {checkpoint_directory} into {output_path}")
+
+
+def _flag(name: str, *short: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     from x_common.env import launch_flag_var
 
     dashed = name.replace("_", "-")
-    names = [f"--{name}", f"--{dashed}"] if dashed != name else [f"--{name}"]
+    names = [*short, f"--{name}", f"--{dashed}"] if dashed != name else [*short, f"--{name}"]
     return click.option(*names, name, envvar=launch_flag_var(name), show_envvar=True, **kwargs)
 
 
@@ -200,16 +265,30 @@ def _flag(name: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[.
 @_CONFIG_FILE
 @setting_options()
 @click.option("-m", "--module", is_flag=True, help="TARGET is a module to run as python -m does.")
+@_flag("no_python", is_flag=True, help="TARGET is an executable: run it without the interpreter.")
 @_flag("dry_run", is_flag=True, help="Print the resolved config, the command and its environment; start nothing.")
 @_flag("log_dir", default=None, help="Write each rank's output to files in this folder.")
-@_flag("tee", is_flag=True, help="With --log_dir, also print each rank's output.")
+@_flag(
+    "tee",
+    "-t",
+    default=None,
+    metavar="[STREAMS]",
+    help="With --log_dir, also print each rank's output: alone both streams; as Accelerate, 0-3 or 0:1,1:2.",
+)
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Accepted for accelerate launch: x-launch reports the failing rank only."
+)
+@_flag("same_network", is_flag=True, help="Accepted for accelerate launch: machines meet at --main_process_ip.")
 @click.argument("target", nargs=-1, type=click.UNPROCESSED, required=True)
 def launch(
     config_file: Path | None,
     module: bool,
+    no_python: bool,
     dry_run: bool,
     log_dir: str | None,
-    tee: bool,
+    tee: str | None,
+    quiet: bool,
+    same_network: bool,
     target: tuple[str, ...],
     **flags: Any,
 ) -> None:
@@ -223,21 +302,36 @@ def launch(
       x-launch --num_processes 2 --cpu train.py
       x-launch --num_processes 2 --dry-run -m mypkg.train
     """
+    from x_launch.accelerate_flags import TEE_STREAMS
     from x_launch.config_file import ConfigError, find_config, load_config
     from x_launch.launch_plan import build_plan
     from x_launch.resolve import resolve
 
-    if not module and not Path(target[0]).is_file():
+    if tee is not None and not TEE_STREAMS.fullmatch(tee):
+        raise ConfigError(f"--tee {tee}: expected 0, 1, 2, 3 (none, stdout, stderr, both) or per rank, e.g. 0:3,1:2")
+    if no_python:
+        pass  # an executable on PATH or a path: torchrun and the OS find it
+    elif not module and not Path(target[0]).is_file():
         raise ConfigError(f"script {target[0]} does not exist (to run a module, use -m {target[0]})")
     path, _ = find_config(config_file)
     settings = resolve(load_config(path) if path is not None else None, flags)
-    plan = build_plan(settings, list(target), module=module, log_dir=log_dir, tee=tee)
+    plan = build_plan(settings, list(target), module=module, log_dir=log_dir, tee=tee or False, no_python=no_python)
     if dry_run:
         click.echo(plan.describe())
         return
     from x_launch.run_process import run_plan
 
     sys.exit(run_plan(plan))
+
+
+def _value_options(command: click.Command) -> set[str]:
+    """The spellings of ``command``'s options that take a value."""
+    return {
+        name
+        for param in command.params
+        if isinstance(param, click.Option) and not param.is_flag
+        for name in (*param.opts, *param.secondary_opts)
+    }
 
 
 def _is_launch(args: list[str]) -> bool:
@@ -249,6 +343,7 @@ def _is_launch(args: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: bad input is one line on stderr and exit code 2."""
+    from x_launch.accelerate_flags import prepare_launch_args
     from x_launch.config_file import ConfigError
 
     args = sys.argv[1:] if argv is None else argv
@@ -257,6 +352,12 @@ def main(argv: list[str] | None = None) -> None:
         args, command = args[1:] or ["--help"], launch
     else:
         command = launch if _is_launch(args) else _cli
+    try:
+        if command is launch:
+            args = prepare_launch_args(args, _value_options(launch))
+    except ValueError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
     try:
         code: Any = command.main(args=args, prog_name="x-launch", standalone_mode=False)
     except ConfigError as exc:

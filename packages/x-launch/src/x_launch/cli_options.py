@@ -14,11 +14,19 @@ from typing import Any, TypeVar
 import click
 
 from x_launch.launch_config import TABLE
-from x_launch.option import Option
+from x_launch.option import Option, flag_spellings
 
 __all__ = ["setting_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _alias_options(row: Option) -> list[Callable[[F], F]]:
+    """``--use_fsdp`` and the like: switches that set ``row`` to one value."""
+    return [
+        click.option(*flag_spellings(flag), flag, is_flag=True, default=None, help=f"Same as {row.key} {value}.")
+        for flag, value in row.aliases
+    ]
 
 
 def _click_option(row: Option) -> Callable[[F], F]:
@@ -44,10 +52,12 @@ def setting_options(flags: Iterable[str] | None = None) -> Callable[[F], F]:
     wanted = None if flags is None else set(flags)
     rows = [row for row in TABLE if row.cli and (wanted is None or row.flag in wanted)]
     rows.sort(key=lambda row: row.switch)  # stable: table order within each group
+    options = [_click_option(row) for row in rows]
+    options += [alias for row in TABLE if wanted is None for alias in _alias_options(row)]
 
     def decorate(func: F) -> F:
-        for row in reversed(rows):  # click lists options in the order the decorators read, top down
-            func = _click_option(row)(func)
+        for add in reversed(options):  # click lists options in the order the decorators read, top down
+            func = add(func)
         return func
 
     return decorate

@@ -41,7 +41,6 @@ IGNORED_KEYS = frozenset(
     {
         "same_network",
         "enable_cpu_affinity",
-        "downcast_bf16",
         "fp8_config",
         "ipex_config",
         "mpirun_config",

@@ -34,7 +34,9 @@ def contract_environment(config: LaunchConfig) -> dict[str, str]:
         if value is None or (row.section is not None and config.is_default(row.key)):
             continue
         values.update(row.environment(value))
-    if config.is_default("distributed_type") and config.num_processes > 1:
+    # accelerate launch --multi_gpu means "several processes": on a machine without GPUs, CPU ones.
+    inferred = config.is_default("distributed_type") or config.source("distributed_type") == "--multi_gpu"
+    if inferred and config.num_processes > 1:
         # "NO" with several processes means "infer": on CPU that is MULTI_CPU; with GPUs the
         # runtime picks, since finding them here would mean importing torch.
         if config.use_cpu:

@@ -21,8 +21,8 @@ from typing import Any
 
 from x_common import env
 from x_common.fsdp_reshard import reshard_variables
-from x_common.kinds import Bool, BoolOrChoice, Choice, GpuIds, Int, Str, StrList
-from x_launch.option import Option, option, rows_of
+from x_common.kinds import Bool, BoolOrChoice, Choice, Float, GpuIds, Int, Str, StrList
+from x_launch.option import Option, flag_spellings, option, rows_of
 
 __all__ = ["TABLE", "LaunchConfig", "Setting"]
 
@@ -37,14 +37,15 @@ class Setting:
     source: str
 
 
-def _cli(flag: str) -> tuple[str, ...]:
-    """``--flag_name`` and ``--flag-name``: Accelerate's spelling and the usual one."""
-    dashed = flag.replace("_", "-")
-    return (f"--{flag}", f"--{dashed}") if dashed != flag else (f"--{flag}",)
+_cli = flag_spellings
 
 
 def _carried(var: env.EnvVar, section: str, **row: Any) -> Any:
-    """A section key that travels as ``var``: its kind, default and meaning are the variable's."""
+    """A section key that travels as ``var``: its kind, default and meaning are the variable's.
+
+    Its flag is ``accelerate launch``'s, ``--<key>`` and ``--<key-with-dashes>`` (``cli=True``).
+    """
+    row.setdefault("cli", True)
     return option(var.kind, var.default, section=section, env=var, doc=var.doc, **row)
 
 
@@ -62,6 +63,9 @@ class LaunchConfig(Mapping[str, Setting]):
         "NO",
         env=env.DISTRIBUTED_TYPE,
         doc="how processes share the work",
+        # accelerate launch's switches, first given wins as there (--multi_gpu --use_fsdp is FSDP);
+        # --multi_gpu on a machine without GPUs: several CPU processes
+        aliases=(("use_deepspeed", "DEEPSPEED"), ("use_fsdp", "FSDP"), ("multi_gpu", "MULTI_GPU")),
         question="How should processes share the work (XLA for TPU)?",
     )
     num_machines: int = option(
@@ -105,7 +109,24 @@ class LaunchConfig(Mapping[str, Setting]):
     max_restarts: int = option(
         Int(minimum=0), 0, doc="restarts of the whole group after a failure", cli=_cli("max_restarts")
     )
-    gpu_ids: str = option(GpuIds(), "all", doc="GPUs this machine may use", question="Which GPUs on this machine?")
+    rdzv_conf: str | None = option(Str(), None, doc="torchrun --rdzv-conf (key=value,...)", cli=_cli("rdzv_conf"))
+    monitor_interval: float | None = option(
+        Float(minimum=0.0), None, doc="seconds between torchrun's checks of its workers", cli=_cli("monitor_interval")
+    )
+    role: str | None = option(Str(), None, doc="torchrun --role: the workers' name in its logs", cli=("--role",))
+    gpu_ids: str = option(
+        GpuIds(),
+        "all",
+        doc="GPUs this machine may use (sets CUDA_VISIBLE_DEVICES)",
+        cli=_cli("gpu_ids"),
+        question="Which GPUs on this machine?",
+    )
+    num_cpu_threads_per_process: int | None = option(
+        Int(minimum=1),
+        None,
+        doc="OMP_NUM_THREADS of each process; default: physical cores / processes on this machine",
+        cli=_cli("num_cpu_threads_per_process"),
+    )
     # --- what the training processes get ----------------------------------------------------
     mixed_precision: str = option(
         env.MIXED_PRECISION.kind,
@@ -136,6 +157,9 @@ class LaunchConfig(Mapping[str, Setting]):
         env.DEBUG_MODE.default,
         env=env.DEBUG_MODE,
         doc="check shapes agree across ranks before collectives",
+        cli=("--debug",),
+        switch=True,
+        cli_help="Check that tensors agree in shape across ranks before each collective.",
     )
     tpu: bool = option(
         Bool(),
@@ -148,6 +172,14 @@ class LaunchConfig(Mapping[str, Setting]):
     main_training_function: str = option(
         Str(), "main", doc="function of the script each TPU process calls", cli=_cli("main_training_function")
     )
+    downcast_bf16: bool = option(
+        Bool(),
+        False,
+        doc="on TPU with bf16: float32 tensors too become bfloat16 (XLA_DOWNCAST_BF16)",
+        cli=_cli("downcast_bf16"),
+        switch=True,
+        cli_help="With --tpu and --mixed_precision bf16, also store float32 tensors as bfloat16.",
+    )
     # --- dynamo_config ----------------------------------------------------------------------
     dynamo_backend: str = option(
         Choice(tuple(backend.upper() for backend in env.DYNAMO_BACKENDS)),  # Accelerate writes them upper-case
@@ -159,9 +191,9 @@ class LaunchConfig(Mapping[str, Setting]):
         question="torch.compile backend?",
     )
     dynamo_mode: str = _carried(env.DYNAMO_MODE, _DYNAMO, question="torch.compile mode?")
-    dynamo_use_fullgraph: bool = _carried(env.DYNAMO_FULLGRAPH, _DYNAMO)
-    dynamo_use_dynamic: bool | None = _carried(env.DYNAMO_DYNAMIC, _DYNAMO)
-    dynamo_use_regional_compilation: bool = _carried(env.DYNAMO_REGIONAL, _DYNAMO)
+    dynamo_use_fullgraph: bool = _carried(env.DYNAMO_FULLGRAPH, _DYNAMO, switch=True)
+    dynamo_use_dynamic: bool | None = _carried(env.DYNAMO_DYNAMIC, _DYNAMO, switch=True)
+    dynamo_use_regional_compilation: bool = _carried(env.DYNAMO_REGIONAL, _DYNAMO, switch=True)
     # --- fsdp_config ------------------------------------------------------------------------
     fsdp_version: int = _carried(env.FSDP_VERSION, _FSDP, question="FSDP version?")
     # FSDP2 takes a bool; Accelerate writes FSDP1's sharding strategy name into the same key.
@@ -172,6 +204,7 @@ class LaunchConfig(Mapping[str, Setting]):
         env=env.FSDP_RESHARD_AFTER_FORWARD,
         to_env=reshard_variables,
         doc=env.FSDP_RESHARD_AFTER_FORWARD.doc,
+        cli=True,
     )
     fsdp_sharding_strategy: str = _carried(env.FSDP_SHARDING_STRATEGY, _FSDP)
     fsdp_auto_wrap_policy: str | None = _carried(env.FSDP_AUTO_WRAP_POLICY, _FSDP, question="What to shard as a unit?")
@@ -182,6 +215,7 @@ class LaunchConfig(Mapping[str, Setting]):
         section=_FSDP,
         env=env.FSDP_TRANSFORMER_CLS_TO_WRAP,
         doc=env.FSDP_TRANSFORMER_CLS_TO_WRAP.doc,
+        cli=True,
         question="Layer classes to wrap (e.g. LlamaDecoderLayer)?",
     )
     fsdp_min_num_params: int = _carried(env.FSDP_MIN_NUM_PARAMS, _FSDP)
@@ -202,8 +236,8 @@ class LaunchConfig(Mapping[str, Setting]):
         env.DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE, _DS, question="Optimizer state on?"
     )
     offload_param_device: str = _carried(env.DEEPSPEED_OFFLOAD_PARAM_DEVICE, _DS, question="Parameters on?")
-    offload_optimizer_nvme_path: str | None = option(Str(), None, section=_DS)
-    offload_param_nvme_path: str | None = option(Str(), None, section=_DS)
+    offload_optimizer_nvme_path: str | None = option(Str(), None, section=_DS, cli=True)
+    offload_param_nvme_path: str | None = option(Str(), None, section=_DS, cli=True)
     # --gradient_accumulation_steps sets this one too (one flag per name, as in Accelerate).
     deepspeed_gradient_accumulation_steps: int | None = option(
         Int(minimum=1), None, key=f"{_DS}.gradient_accumulation_steps", question="Gradient accumulation steps?"
@@ -217,7 +251,7 @@ class LaunchConfig(Mapping[str, Setting]):
     deepspeed_hostfile: str | None = option(Str(), None, section=_DS)
     deepspeed_inclusion_filter: str | None = option(Str(), None, section=_DS)
     deepspeed_exclusion_filter: str | None = option(Str(), None, section=_DS)
-    deepspeed_moe_layer_cls_names: str | None = option(StrList(joined=True), None, section=_DS)
+    deepspeed_moe_layer_cls_names: str | None = option(StrList(joined=True), None, section=_DS, cli=True)
 
     # Where each value came from, by config key; a key missing here has its default.
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)

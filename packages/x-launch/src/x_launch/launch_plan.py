@@ -57,7 +57,8 @@ def build_plan(
     *,
     module: bool = False,
     log_dir: str | None = None,
-    tee: bool = False,
+    tee: bool | str = False,
+    no_python: bool = False,
     python: str = sys.executable,
     environ: Mapping[str, str] | None = None,
     gpu_capabilities: list[tuple[int, int]] | None = None,
@@ -65,6 +66,8 @@ def build_plan(
     """The command for ``target`` (script and its arguments, or module and its arguments).
 
     ``environ`` (default ``os.environ``) is where a SLURM allocation is recognised.
+    ``tee``: ``True`` or torchrun's streams (``"3"``, ``"0:1,1:2"``); ``no_python``: the
+    target is an executable, run without the interpreter (torchrun ``--no-python``).
 
     Raises:
         ConfigError: settings that cannot describe a job, named with the fix.
@@ -83,15 +86,20 @@ def build_plan(
         )
     if rank >= machines:
         raise ConfigError(f"machine_rank {rank} must be below num_machines {machines} (ranks start at 0)")
-    if settings.mixed_precision == "fp16" and settings.use_cpu:
-        raise ConfigError("mixed_precision fp16 needs a GPU; on CPU use bf16 or no")
+    # fp16 with --cpu runs, as under accelerate launch: the runtime computes in fp32 and says so.
     if settings.mixed_precision == "bf16" and not settings.use_cpu and not settings.tpu:
         _check_bf16(gpu_capabilities)
+    if module and no_python:
+        raise ConfigError("--module and --no_python contradict each other: pick one")
+    if tee == "0":
+        tee = False
     if tee and not log_dir:
         raise ConfigError("--tee copies the per-rank log files to the terminal; give --log_dir too")
     if log_dir and os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise ConfigError(f"--log_dir {log_dir} is a file; give a folder (it is created if missing)")
     env_vars = contract_environment(settings)
+    env_vars.update(_process_environment(settings, environ))
+    runner = [] if no_python else [python, *(["-m"] if module else [])]
     if settings.tpu or settings.distributed_type == "XLA":
         return _tpu_plan(
             settings, target, module=module, log_dir=log_dir, python=python, env_vars=env_vars, notes=notes
@@ -109,10 +117,10 @@ def build_plan(
         if not settings.main_process_port:
             raise ConfigError("--main_process_port 0 cannot work when every srun task is one rank: give a port")
         env_vars.update(slurm_plan.rank_environment(job, settings))
-        argv = [python, *(["-m"] if module else []), *target]
+        argv = [*runner, *target]
         return LaunchPlan(argv, env_vars, "python", settings, notes)
     if procs == 1 and machines == 1:
-        argv = [python, *(["-m"] if module else []), *target]
+        argv = [*runner, *target]
         return LaunchPlan(argv, env_vars, "python", settings, notes)
     ip, port = settings.main_process_ip, settings.main_process_port
     if machines > 1 and not ip:
@@ -136,10 +144,15 @@ def build_plan(
     else:
         argv += ["--node-rank", str(rank), "--master-addr", host, "--master-port", str(port)]
     argv += ["--max-restarts", str(settings.max_restarts)]
+    for flag, value in (("--rdzv-conf", settings.rdzv_conf), ("--role", settings.role)):
+        if value is not None:
+            argv += [flag, value]
+    if settings.monitor_interval is not None:
+        argv += ["--monitor-interval", repr(settings.monitor_interval)]
     scratch = None
     if log_dir:
         # torchrun writes rank files only for the streams it redirects (3: stdout and stderr).
-        argv += ["--log-dir", log_dir, "--tee" if tee else "--redirects", "3"]
+        argv += ["--log-dir", log_dir, *(["--tee", "3" if tee is True else str(tee)] if tee else ["--redirects", "3"])]
     else:
         # Each rank's stderr also goes to a file (shown on the terminal as ever, with a [defaultN]:
         # prefix naming the rank), so a failure report can quote the failing rank's last lines.
@@ -147,7 +160,7 @@ def build_plan(
         scratch = os.path.join(tempfile.gettempdir(), f"x-launch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         argv += ["--log-dir", scratch, "--tee", "2"]
 
-    argv += [*(["-m"] if module else []), *target]
+    argv += [*(["--no-python"] if no_python else ["-m"] if module else []), *target]
     return LaunchPlan(argv, env_vars, "torchrun", settings, notes, scratch_logs=scratch)
 
 
@@ -180,12 +193,63 @@ def _tpu_plan(
     else:
         notes.append("tpu: torch_xla starts one process per TPU device of this host")
     env_vars = {**env_vars, env.DISTRIBUTED_TYPE.name: "XLA"}
+    if settings.downcast_bf16 and settings.mixed_precision == "bf16":
+        env_vars[env.XLA_DOWNCAST_BF16.name] = "1"  # as accelerate launch --tpu --downcast_bf16
     if not env.PJRT_DEVICE.is_set():
         env_vars[env.PJRT_DEVICE.name] = "TPU"
     if not env.MASTER_PORT.is_set():
         # torch_xla's rendezvous binds MASTER_PORT, 12355 unless told: a second job on the host would clash.
         env_vars[env.MASTER_PORT.name] = str(settings.main_process_port or _free_port())
     return LaunchPlan([*argv, *target], env_vars, "torch_xla", settings, notes)
+
+
+def _physical_cores() -> int:
+    """Physical CPU cores of this machine, as psutil counts them (logical ones when unknown)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cores, physical = set(), ""
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "physical id":
+                    physical = value.strip()
+                elif key.strip() == "core id":
+                    cores.add((physical, value.strip()))
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
+    return os.cpu_count() or 1
+
+
+def _on_cpu(settings: LaunchConfig) -> bool:
+    """Whether the processes train on CPU: ``--cpu``, or no NVIDIA GPU here (read through NVML)."""
+    if settings.use_cpu:
+        return True
+    if settings.tpu or settings.distributed_type == "XLA":
+        return False
+    from x_common.devices import nvml_compute_capabilities
+
+    return not nvml_compute_capabilities()
+
+
+def _process_environment(settings: LaunchConfig, environ: Mapping[str, str]) -> dict[str, str]:
+    """What every process gets besides the contract: its GPUs and its CPU threads.
+
+    ``gpu_ids`` other than ``all`` becomes ``CUDA_VISIBLE_DEVICES``. ``OMP_NUM_THREADS`` is
+    ``--num_cpu_threads_per_process``, else (unless the user set it) physical cores divided by
+    the processes on this machine, as Accelerate does, so that a CPU rank does not run on
+    torchrun's one thread.
+    """
+    values: dict[str, str] = {}
+    if settings.gpu_ids != "all":
+        values[env.CUDA_VISIBLE_DEVICES.name] = settings.gpu_ids
+    threads = settings.num_cpu_threads_per_process
+    if threads is None and not env.OMP_NUM_THREADS.is_set(environ) and _on_cpu(settings):
+        local = max(settings.num_processes // max(settings.num_machines, 1), 1)
+        threads = max(_physical_cores() // local, 1)
+    if threads is not None:
+        values[env.OMP_NUM_THREADS.name] = str(threads)
+    return values
 
 
 def _check_bf16(capabilities: list[tuple[int, int]] | None) -> None:

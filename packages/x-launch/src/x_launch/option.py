@@ -18,7 +18,7 @@ from typing import Any
 from x_common.env import EnvVar, launch_flag_var
 from x_common.kinds import Kind
 
-__all__ = ["Option", "option", "rows_of"]
+__all__ = ["Option", "flag_spellings", "option", "rows_of"]
 
 _ROW = "x_launch.option"  # the key of a row in its dataclass field's metadata
 
@@ -39,7 +39,10 @@ class Option:
         flag: ``--<flag>`` and ``X_LAUNCH_<FLAG>`` name it; by default the key without its
             section, as in Accelerate (two keys may share a flag: one flag sets both).
         cli: spellings on the ``x-launch`` command line; empty: config file and variable only.
+            ``option(cli=True)`` means ``--<flag>`` and ``--<flag-with-dashes>``, as Accelerate.
         switch: on the command line, a flag without a value (``--cpu``), not ``--key VALUE``.
+        aliases: ``(flag, value)``: command-line switches that set this setting to a value
+            (``--use_fsdp`` is ``distributed_type FSDP``), as ``accelerate launch`` has them.
         cli_help: ``--help`` text of a command-line option.
         question: what ``x-launch config`` asks for it.
     """
@@ -54,6 +57,7 @@ class Option:
     flag: str = ""
     cli: tuple[str, ...] = ()
     switch: bool = False
+    aliases: tuple[tuple[str, Any], ...] = ()
     cli_help: str | None = None
     question: str = ""
 
@@ -102,6 +106,12 @@ class Option:
         return {self.env: self.env.kind.parse(self.env.name, text)}
 
 
+def flag_spellings(flag: str) -> tuple[str, ...]:
+    """``--flag_name`` and ``--flag-name``: Accelerate's two spellings of a flag."""
+    dashed = flag.replace("_", "-")
+    return (f"--{flag}", f"--{dashed}") if dashed != flag else (f"--{flag}",)
+
+
 def option(kind: Kind, default: Any = None, *, section: str | None = None, key: str | None = None, **row: Any) -> Any:
     """A ``LaunchConfig`` field that is a row of the settings table.
 
@@ -126,5 +136,7 @@ def rows_of(cls: type) -> tuple[Option, ...]:
         section = spec.pop("section")
         key = spec.pop("key") or (f"{section}.{field.name}" if section else field.name)
         flag = spec.pop("flag", "") or key.rpartition(".")[2]
+        if spec.get("cli") is True:
+            spec["cli"] = flag_spellings(flag)
         rows.append(Option(name=field.name, key=key, flag=flag, **spec))
     return tuple(rows)

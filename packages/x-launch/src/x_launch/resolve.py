@@ -36,7 +36,13 @@ def resolve(
     flags = flags or {}
     settings: dict[str, Setting] = {}
     for row in TABLE:
-        if flags.get(row.flag) is not None:
+        # accelerate launch's precedence: --use_deepspeed over --use_fsdp over --multi_gpu
+        switched = [(f"--{flag}", value) for flag, value in row.aliases if flags.get(flag)]
+        if switched and flags.get(row.flag) is not None:
+            raise ConfigError(f"{switched[0][0]} and --{row.flag} contradict each other: pick one")
+        if switched:
+            value, source = switched[0][1], switched[0][0]
+        elif flags.get(row.flag) is not None:
             value, source = flags[row.flag], f"--{row.flag}"
         elif environ.get(row.flag_var, "").strip():
             value, source = environ[row.flag_var], row.flag_var

@@ -18,66 +18,144 @@ environments, collectives), ``data/`` (sharded loaders, samplers, ``Sharding``),
 (autocast, fp8, dynamo), ``optim/`` (prepared optimizer and scheduler), ``strategies/`` (behind
 the ``Strategy`` Protocol), ``checkpoint/`` (atomic checkpoints, weight files, RNG) and
 ``tracking/`` (experiment trackers); ``memory`` recovers from running out of memory.
+``state_views`` gives Accelerate's ``PartialState``/``AcceleratorState`` as views over one
+accelerator's process state (nothing shared between two), ``utils/`` the ``is_*_available``
+checks and ``patch_environment``, ``launchers/`` ``notebook_launcher``, ``profiling``
+``Accelerator.profile``; ``strategies.fsdp_merge`` Accelerate's FSDP checkpoint functions.
 """
 
 from x_runtime._version import __version__
 from x_runtime.accelerator import Accelerator
-from x_runtime.checkpoint.random_state import set_seed
+from x_runtime.checkpoint.random_state import set_seed, synchronize_rng_states
 from x_runtime.configs import (
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
+    DDPCommunicationHookType,
     DistributedDataParallelKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    ProfileKwargs,
     ProjectConfiguration,
     TERecipeKwargs,
 )
-from x_runtime.data.data_loader import skip_first_batches
+from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
 from x_runtime.data.nested import send_to_device
+from x_runtime.data.samplers import SeedableRandomSampler
+from x_runtime.launchers.notebook import notebook_launcher
 from x_runtime.memory import find_executable_batch_size, free_memory, release_memory
+from x_runtime.optim.local_sgd import LocalSGD
 from x_runtime.precision.dynamo import TorchDynamoPlugin
 from x_runtime.process.collectives import (
     broadcast,
     broadcast_object_list,
+    copy_tensor_to_devices,
     gather,
     gather_object,
     pad_across_processes,
     reduce,
 )
+from x_runtime.process.debug import debug_mode, set_debug_mode, verify_operation
 from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.errors import DistributedOperationException
 from x_runtime.process.logging import get_logger
+from x_runtime.state_views import AcceleratorState, GradientState, PartialState
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
+from x_runtime.strategies.fsdp_merge import load_fsdp_model, merge_fsdp_weights, save_fsdp_model
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
+from x_runtime.utils import (
+    is_bf16_available,
+    is_bnb_available,
+    is_cuda_available,
+    is_datasets_available,
+    is_deepspeed_available,
+    is_fp16_available,
+    is_hpu_available,
+    is_ipex_available,
+    is_mlflow_available,
+    is_mlu_available,
+    is_mps_available,
+    is_musa_available,
+    is_npu_available,
+    is_pytest_available,
+    is_rocm_available,
+    is_sdaa_available,
+    is_tensorboard_available,
+    is_torch_xla_available,
+    is_transformers_available,
+    is_wandb_available,
+    is_xpu_available,
+    patch_environment,
+)
 
 __all__ = [
     "AORecipeKwargs",
     "Accelerator",
+    "AcceleratorState",
     "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
+    "DistributedOperationException",
     "DistributedType",
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
+    "GradientState",
     "InitProcessGroupKwargs",
+    "LocalSGD",
+    "PartialState",
+    "ProfileKwargs",
     "ProjectConfiguration",
+    "SeedableRandomSampler",
     "TERecipeKwargs",
     "TorchDynamoPlugin",
     "__version__",
     "broadcast",
     "broadcast_object_list",
+    "copy_tensor_to_devices",
+    "debug_mode",
     "find_executable_batch_size",
     "free_memory",
     "gather",
     "gather_object",
     "get_logger",
+    "is_bf16_available",
+    "is_bnb_available",
+    "is_cuda_available",
+    "is_datasets_available",
+    "is_deepspeed_available",
+    "is_fp16_available",
+    "is_hpu_available",
+    "is_ipex_available",
+    "is_mlflow_available",
+    "is_mlu_available",
+    "is_mps_available",
+    "is_musa_available",
+    "is_npu_available",
+    "is_pytest_available",
+    "is_rocm_available",
+    "is_sdaa_available",
+    "is_tensorboard_available",
+    "is_torch_xla_available",
+    "is_transformers_available",
+    "is_wandb_available",
+    "is_xpu_available",
+    "load_fsdp_model",
+    "merge_fsdp_weights",
+    "notebook_launcher",
     "pad_across_processes",
+    "patch_environment",
+    "prepare_data_loader",
     "reduce",
     "release_memory",
+    "save_fsdp_model",
     "send_to_device",
+    "set_debug_mode",
     "set_seed",
     "skip_first_batches",
+    "synchronize_rng_states",
+    "verify_operation",
 ]

@@ -25,6 +25,11 @@ class _Prepared:
         self.dataloaders: list[Any] = []
         self.custom: list[Any] = []
 
+    def holds(self, obj: Any) -> bool:
+        """Whether ``obj`` itself is one of the prepared objects."""
+        kinds = (self.models, self.optimizers, self.schedulers, self.dataloaders)
+        return any(obj is item for items in kinds for item in items)
+
     def clear(self) -> None:
         for items in (self.models, self.optimizers, self.schedulers, self.dataloaders, self.custom):
             items.clear()

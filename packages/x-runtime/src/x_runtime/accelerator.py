@@ -5,7 +5,9 @@ device, process group, collectives), ``data`` (sharded, resumable loaders), ``pr
 ``optim`` (accumulation-aware optimizer and scheduler), ``strategies`` (behind the ``Strategy``
 Protocol), ``checkpoint`` and ``tracking``. Its process and collective methods come from
 ``process.accelerator_methods``, its saving and loading ones from ``checkpoint.accelerator_io``.
-The step (``optim.accelerator_step``) and tracking (``tracking.accelerator_tracking``) are mixins too.
+The step (``optim.accelerator_step``), tracking (``tracking.accelerator_tracking``), DDP's join and
+sync triggers (``strategies.accelerator_ddp``) and ``profile`` (``profiling``) are mixins too.
+``accelerator.state`` is an ``AcceleratorState`` view (``state_views``) over its own process state.
 Nothing is shared between two accelerators except torch's process group.
 """
 
@@ -32,7 +34,7 @@ from x_runtime.configs import (
 )
 from x_runtime.data.data_loader import LoaderSpec
 from x_runtime.data.data_loader import skip_first_batches as _skip_first_batches
-from x_runtime.data.gradient_state import GradientState, check_steps
+from x_runtime.data.gradient_state import check_steps
 from x_runtime.data.sharding import Sharding
 from x_runtime.optim.accelerator_step import StepMethods
 from x_runtime.optim.optimizer import AcceleratedOptimizer
@@ -42,6 +44,9 @@ from x_runtime.precision.fp8 import fp8_recipe_for
 from x_runtime.precision.policy import Precision, unwrap_forward
 from x_runtime.process.accelerator_methods import ProcessMethods
 from x_runtime.process.state import ProcessState
+from x_runtime.profiling import ProfileMethods
+from x_runtime.state_views import AcceleratorState, GradientState
+from x_runtime.strategies.accelerator_ddp import DDPMethods
 from x_runtime.strategies.base import Replacements, Strategy
 from x_runtime.strategies.select import asked_strategy, choose_strategy
 from x_runtime.strategies.unwrap import unwrap_model
@@ -53,7 +58,7 @@ _UNSET: Any = object()
 _RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "generator")
 
 
-class Accelerator(StepMethods, ProcessMethods, CheckpointMethods, TrackingMethods):
+class Accelerator(StepMethods, ProcessMethods, CheckpointMethods, TrackingMethods, DDPMethods, ProfileMethods):
     """Prepare model, optimizer, dataloaders and scheduler once; the loop stays plain PyTorch.
 
     Args:
@@ -123,14 +128,14 @@ class Accelerator(StepMethods, ProcessMethods, CheckpointMethods, TrackingMethod
             self.project_configuration.set_directories(project_dir)
 
         init = self.handlers.init
-        self.state = ProcessState.from_environment(
+        process = ProcessState.from_environment(
             cpu=cpu, backend=init.backend, init_method=init.init_method, timeout=init.timeout, sharded=asked is not None
         )
         mode = env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision)
-        self.fp8_recipe = fp8_recipe_for(mode, self.state.device, self.handlers.fp8)
+        self.fp8_recipe = fp8_recipe_for(mode, process.device, self.handlers.fp8)
         self.precision = Precision(
             mode,
-            self.state.device,
+            process.device,
             autocast_kwargs=self.handlers.autocast.to_kwargs(),
             scaler_kwargs=self.handlers.scaler.to_kwargs(),
         )
@@ -149,28 +154,37 @@ class Accelerator(StepMethods, ProcessMethods, CheckpointMethods, TrackingMethod
         )
         self.sync_each_batch = plugin.sync_each_batch
         self.strategy: Strategy = choose_strategy(
-            self.state,
+            process,
             asked,
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugin,
             mixed_precision=self.precision.mode,
             ddp_kwargs=self.handlers.ddp.to_kwargs(),
             gradient_state=self.gradient_state,
+            comm_hook=self.handlers.ddp.comm_hook_spec(),
         )
         if self.strategy.distributed_type is not None:
-            self.state.distributed_type = self.strategy.distributed_type
+            process.distributed_type = self.strategy.distributed_type
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
         self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
+        # Accelerate's AcceleratorState, as a view over this accelerator's own process state.
+        self.state = AcceleratorState.view_of(
+            process,
+            _mixed_precision=self.precision.mode,
+            dynamo_plugin=self.dynamo_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin,
+        )
         self.log_with = log_with
         self.trackers: list[Any] = []
         self.step = 0  # micro-batches seen by accumulate()
         self._prepared = _Prepared()
         self._trigger = False
         # At exit only (not when this object is collected: another accelerator may use the group).
-        atexit.register(_release_at_exit, weakref.ref(self._prepared), self.state)
+        atexit.register(_release_at_exit, weakref.ref(self._prepared), process)
 
     @staticmethod
     def _version() -> str:
@@ -246,6 +260,8 @@ class Accelerator(StepMethods, ProcessMethods, CheckpointMethods, TrackingMethod
             wrapper.steps_in_backward = True  # the strategy's optimizer steps inside backward
 
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
+        if self._prepared.holds(obj):
+            return obj  # prepared already (Accelerate's scripts pass prepared objects again)
         if isinstance(obj, torch.nn.Module):
             return self.prepare_model(obj, device_placement=placement)
         if isinstance(obj, torch.optim.Optimizer):

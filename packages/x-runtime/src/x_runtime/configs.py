@@ -7,6 +7,7 @@ carry keyword arguments through to the torch object they configure (DDP, the gra
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -16,12 +17,14 @@ from typing import Any
 __all__ = [
     "AORecipeKwargs",
     "AutocastKwargs",
+    "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
     "KwargsHandler",
+    "ProfileKwargs",
     "ProjectConfiguration",
     "TERecipeKwargs",
 ]
@@ -107,9 +110,24 @@ class KwargsHandler:
         }
 
 
+class DDPCommunicationHookType(str, enum.Enum):
+    """DDP communication hooks: compress gradients to fp16/bf16, or PowerSGD (batched or not)."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Passed to ``torch.nn.parallel.DistributedDataParallel``."""
+    """Passed to ``torch.nn.parallel.DistributedDataParallel``.
+
+    ``comm_hook`` (a ``DDPCommunicationHookType`` or its value) is registered on the DDP model;
+    ``comm_wrapper`` (FP16 or BF16) compresses what a PowerSGD hook sends; ``comm_state_option``
+    holds ``PowerSGDState`` arguments (e.g. ``{"matrix_approximation_rank": 2}``).
+    """
 
     dim: int = 0
     broadcast_buffers: bool = True
@@ -118,6 +136,30 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.comm_hook = DDPCommunicationHookType(self.comm_hook)
+        self.comm_wrapper = DDPCommunicationHookType(self.comm_wrapper)
+        if self.comm_wrapper not in (
+            DDPCommunicationHookType.NO,
+            DDPCommunicationHookType.FP16,
+            DDPCommunicationHookType.BF16,
+        ):
+            raise ValueError(f"comm_wrapper must be no, fp16 or bf16, not {self.comm_wrapper.value}")
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """DDP's own arguments (the hook is registered after wrapping, see ``comm_hook_spec``)."""
+        hook_fields = ("comm_hook", "comm_wrapper", "comm_state_option")
+        return {k: v for k, v in super().to_kwargs().items() if k not in hook_fields}
+
+    def comm_hook_spec(self) -> tuple[str, str, dict] | None:
+        """``(hook, wrapper, state options)`` as plain values, or None without a hook."""
+        if self.comm_hook == DDPCommunicationHookType.NO:
+            return None
+        return self.comm_hook.value, self.comm_wrapper.value, dict(self.comm_state_option)
 
 
 @dataclass
@@ -175,6 +217,57 @@ class TERecipeKwargs(KwargsHandler):
 
 
 @dataclass
+class ProfileKwargs(KwargsHandler):
+    """``torch.profiler.profile`` options for ``Accelerator.profile()``.
+
+    Args:
+        activities: "cpu", "cuda", "xpu", "mtia", "hpu" (default: CPU, and the GPU if any).
+        schedule_option: ``torch.profiler.schedule`` arguments (wait, warmup, active, repeat,
+            skip_first).
+        on_trace_ready: called with the profiler when a scheduled trace is ready.
+        record_shapes: record the shapes of operator inputs.
+        profile_memory: track tensor memory allocation and release.
+        with_stack: record the source location of each operator.
+        with_flops: estimate the FLOPs of matrix multiplications and convolutions.
+        with_modules: record the module hierarchy of each operator.
+        output_trace_dir: each rank writes ``profile_<rank>.json`` (a Chrome trace) there.
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Callable | None = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def build(self) -> Any:
+        """The ``torch.profiler.profile`` these options describe."""
+        import torch
+
+        names = {"cpu": "CPU", "cuda": "CUDA", "xpu": "XPU", "mtia": "MTIA", "hpu": "HPU"}
+        activities = self.activities
+        if activities is None:
+            activities = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        unknown = [a for a in activities if a not in names]
+        if unknown:
+            raise ValueError(f"unknown profiler activities {unknown}: choose from {sorted(names)}")
+        schedule = torch.profiler.schedule(**self.schedule_option) if self.schedule_option else None
+        return torch.profiler.profile(
+            activities=[getattr(torch.profiler.ProfilerActivity, names[a]) for a in activities],
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
+
+
+@dataclass
 class _Handlers:
     """The handlers an Accelerator was given, one per kind."""
 
@@ -183,6 +276,7 @@ class _Handlers:
     init: InitProcessGroupKwargs = field(default_factory=InitProcessGroupKwargs)
     autocast: AutocastKwargs = field(default_factory=AutocastKwargs)
     fp8: KwargsHandler | None = None
+    profile: ProfileKwargs | None = None
 
     @classmethod
     def from_list(cls, handlers: list[KwargsHandler] | None) -> _Handlers:
@@ -195,6 +289,7 @@ class _Handlers:
             AutocastKwargs: "autocast",
             AORecipeKwargs: "fp8",
             TERecipeKwargs: "fp8",
+            ProfileKwargs: "profile",
         }
         for handler in handlers or []:
             kind = type(handler)

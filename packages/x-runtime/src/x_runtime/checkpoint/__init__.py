@@ -25,7 +25,7 @@ from x_runtime.checkpoint.model_files import (
     save_state_dict_files,
     save_tensors_file,
 )
-from x_runtime.checkpoint.random_state import capture_rng_state, restore_rng_state, set_seed
+from x_runtime.checkpoint.random_state import capture_rng_state, restore_rng_state, set_seed, synchronize_rng_states
 
 __all__ = [
     "MANIFEST",
@@ -44,6 +44,7 @@ __all__ = [
     "save_state_dict_files",
     "save_tensors_file",
     "set_seed",
+    "synchronize_rng_states",
     "torch_load",
     "torch_save",
     "write_file_atomic",

@@ -23,7 +23,9 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import Mapping
+import socket
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,35 +81,58 @@ def _name(stem: str, index: int, suffix: str) -> str:
 
 
 def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -> Path:
-    """Write a complete checkpoint to ``target`` (every rank calls this)."""
+    """Write a complete checkpoint to ``target`` (every rank calls this, each with its own ``target``).
+
+    The ranks may share one folder or each be given its own (per-rank paths, node-local disks):
+    the lowest rank that sees a folder assembles and renames it; every rank writes its own files
+    into the folder it was given. A failure on any rank makes every rank raise within one
+    collective, naming the failing rank, instead of leaving the others in a barrier.
+    """
     target = Path(target)
-    _check_replaceable(target)
     partial = partial_dir_for(target)
-    if state.is_main_process:
-        if partial.exists():
-            shutil.rmtree(partial)  # left by a save that crashed; never a complete checkpoint
-        partial.mkdir(parents=True)
-    state.wait_for_everyone()
-    io = parts.strategy
-    layouts = {
-        "models": [io.save_model_files(partial, _name("model", i, ""), m) for i, m in enumerate(parts.models)],
-        "optimizers": [
-            io.save_optimizer_files(partial, _name("optimizer", i, ""), o, parts.owner(o))
+    token = uuid.uuid4().hex
+    # Round 1: the main process prepares its folder; everyone learns rank 0's token.
+    owner = state.is_main_process
+    tokens = _agree(state, "save_state", lambda: _prepare(target, partial, token) if owner else None)
+    token = tokens[0]
+    if not owner:  # a folder rank 0 did not prepare is this rank's own (or its node's)
+        seen = _token_in(partial)
+        claims = _agree(
+            state, "save_state", lambda: None if seen == token else f"{socket.gethostname()}:{target.resolve()}"
+        )
+        mine = claims[state.rank]
+        owner = mine is not None and claims.index(mine) == state.rank
+        _agree(state, "save_state", lambda: _prepare(target, partial, token) if owner else None)
+    elif state.world_size > 1:
+        _agree(state, "save_state", lambda: None)
+        _agree(state, "save_state", lambda: None)
+    layouts: dict[str, Any] = {}
+
+    def write_files() -> None:
+        io = parts.strategy
+        layouts["models"] = [
+            io.save_model_files(partial, _name("model", i, ""), m, writer=owner) for i, m in enumerate(parts.models)
+        ]
+        layouts["optimizers"] = [
+            io.save_optimizer_files(partial, _name("optimizer", i, ""), o, parts.owner(o), writer=owner)
             for i, o in enumerate(parts.optimizers)
-        ],
-    }
-    if state.is_main_process:
-        for index, scheduler in enumerate(parts.schedulers):
-            torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
-        if parts.scaler is not None:
-            torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
-        for index, obj in enumerate(parts.custom):
-            torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.bin")
-        loaders = [loader.state_dict() for loader in parts.dataloaders]
-        write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
-    torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")
-    state.wait_for_everyone()
-    if state.is_main_process:
+        ]
+        if owner:
+            for index, scheduler in enumerate(parts.schedulers):
+                torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
+            if parts.scaler is not None:
+                torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
+            for index, obj in enumerate(parts.custom):
+                torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.bin")
+            loaders = [loader.state_dict() for loader in parts.dataloaders]
+            write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
+        torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")
+
+    _agree(state, "save_state", write_files)
+
+    def finish() -> None:
+        if not owner:
+            return
         manifest = {
             "format_version": FORMAT_VERSION,
             "world_size": state.world_size,
@@ -119,10 +144,58 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
             "scaler": parts.scaler is not None,
             "layouts": layouts,
         }
+        (partial / _TOKEN).unlink(missing_ok=True)
         write_file_atomic(partial / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
         replace_dir(partial, target)
-    state.wait_for_everyone()
+
+    _agree(state, "save_state", finish)
     return target
+
+
+_TOKEN = ".x_save_token"
+
+
+def _prepare(target: Path, partial: Path, token: str) -> str:
+    _check_replaceable(target)
+    if partial.exists():
+        shutil.rmtree(partial)  # left by a save that crashed; never a complete checkpoint
+    partial.mkdir(parents=True)
+    (partial / _TOKEN).write_text(token)
+    return token
+
+
+def _token_in(partial: Path) -> str | None:
+    try:
+        return (partial / _TOKEN).read_text()
+    except OSError:
+        return None
+
+
+def _agree(state: ProcessState, op: str, step: Callable[[], Any]) -> list[Any]:
+    """Run ``step`` here, then learn every rank's outcome (one ``gather_object``, also a barrier).
+
+    Returns every rank's result; raises on every rank when ``step`` raised on any, naming the
+    ranks and their errors (this rank's own exception is chained).
+    """
+    failure: BaseException | None = None
+    try:
+        outcome: Any = ("ok", step())
+    except Exception as error:  # reported to every rank below
+        failure = error
+        outcome = ("error", f"{type(error).__name__}: {error}")
+    if state.world_size > 1:
+        from x_runtime.process.collectives import gather_object
+
+        outcomes = gather_object([outcome])
+    else:
+        outcomes = [outcome]
+    failed = [(r, text) for r, (kind, text) in enumerate(outcomes) if kind == "error"]
+    if failed:
+        if state.world_size == 1 and failure is not None:
+            raise failure
+        details = "; ".join(f"rank {r}: {text}" for r, text in failed)
+        raise RuntimeError(f"{op} failed on rank {', '.join(str(r) for r, _ in failed)}: {details}") from failure
+    return [value for _kind, value in outcomes]
 
 
 def _check_replaceable(target: Path) -> None:
@@ -151,7 +224,15 @@ def resolve_checkpoint(source: Path) -> Path:
 
 
 def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *, strict: bool = True) -> Path:
-    """Restore ``parts`` from a folder written by ``save_checkpoint``; return the folder read."""
+    """Restore ``parts`` from a folder written by ``save_checkpoint``; return the folder read.
+
+    Every rank calls it (each may pass its own folder); when loading fails on any rank, every
+    rank raises, naming it.
+    """
+    return _agree(state, "load_state", lambda: _load(source, parts, state, strict))[state.rank]
+
+
+def _load(source: Path, parts: CheckpointParts, state: ProcessState, strict: bool) -> Path:
     folder = resolve_checkpoint(source)
     manifest = json.loads((folder / MANIFEST).read_text())
     for kind, have in (

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["capture_rng_state", "keep_xla_rng", "restore_rng_state", "set_seed"]
+__all__ = ["capture_rng_state", "keep_xla_rng", "restore_rng_state", "set_seed", "synchronize_rng_states"]
 
 
 def _numpy() -> Any | None:
@@ -117,3 +117,62 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     xm = _xla_model()
     if "xla" in state and xm is not None:
         xm.set_rng_state(int(state["xla"]))
+
+
+def _rng_get_set(kind: str, generator: torch.Generator | None) -> tuple[Any, Any]:
+    if kind == "torch":
+        return torch.get_rng_state, torch.set_rng_state
+    if kind == "cuda":
+        return torch.cuda.get_rng_state, torch.cuda.set_rng_state
+    if kind == "xpu" and getattr(torch, "xpu", None) is not None:
+        return torch.xpu.get_rng_state, torch.xpu.set_rng_state
+    if kind == "xla":
+        xm = _xla_model()
+        if xm is None:
+            raise ValueError("synchronize_rng_states: 'xla' needs torch_xla running")
+        return (lambda: torch.tensor([xm.get_rng_state()], dtype=torch.int64)), (lambda t: xm.set_rng_state(int(t[0])))
+    if kind == "generator":
+        if generator is None:
+            raise ValueError("synchronize_rng_states: 'generator' needs generator=")
+        return generator.get_state, generator.set_state
+    raise ValueError(
+        f"synchronize_rng_states: unknown rng type {kind!r}; use 'torch', 'cuda', 'xpu', 'xla' or 'generator'"
+    )
+
+
+def synchronize_rng_states(rng_types: Any, generator: torch.Generator | None = None) -> None:
+    """Give every process rank 0's state of each generator in ``rng_types`` (Accelerate's name).
+
+    Args:
+        rng_types: Names (or Accelerate ``RNGType`` members): ``"torch"``, ``"cuda"``, ``"xpu"``,
+            ``"xla"``, ``"generator"``.
+        generator: The generator that ``"generator"`` synchronizes.
+
+    Every process of the default group must call it; nothing happens without
+    ``torch.distributed`` or with one process.
+
+    Examples:
+        >>> synchronize_rng_states(["torch"])
+    """
+    import torch.distributed as dist
+
+    kinds = [
+        str(getattr(kind, "value", kind)).lower()
+        for kind in ([rng_types] if isinstance(rng_types, str) else rng_types or [])
+    ]
+    accessors = [_rng_get_set(kind, generator) for kind in kinds]  # unknown kinds fail on every rank first
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    backend = dist.get_backend()
+    for get, put in accessors:
+        state = get()
+        if backend == "nccl":
+            wire = state.to(torch.device("cuda", torch.cuda.current_device()))
+        elif backend == "xla":
+            import torch_xla
+
+            wire = state.to(torch_xla.device())
+        else:
+            wire = state.clone()
+        dist.broadcast(wire, src=0)
+        put(wire.cpu())

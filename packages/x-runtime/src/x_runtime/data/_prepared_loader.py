@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler
 
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.data.nested import concat_batches, find_batch_size, send_to_device, slice_batch
@@ -88,6 +88,7 @@ class _PreparedLoader(DataLoader):
     """What both prepared loaders share: bookkeeping, epochs, state and the iteration protocol."""
 
     _fast = True  # iterate the DataLoader directly (else ``_rank_batches`` produces the batches)
+    _every_rank_iterates = True  # each rank draws its own order (the dispatcher: rank 0 alone)
 
     def __init__(
         self,
@@ -108,6 +109,7 @@ class _PreparedLoader(DataLoader):
         self.__dict__["_exposed_sampler"] = None
         super().__init__(dataset, **dataloader_kwargs)
         self._iterable = isinstance(dataset, IterableDataset)
+        shared_generator = None
         sharding = sharding if sharding is not None else Sharding()
         self.sharding = sharding
         self.num_processes = sharding.num_processes
@@ -126,6 +128,8 @@ class _PreparedLoader(DataLoader):
             inner = getattr(source, "sampler", source)
             if epoch_source is None and isinstance(inner, SeedableRandomSampler):
                 epoch_source = inner
+            if isinstance(inner, RandomSampler) and not isinstance(inner, SeedableRandomSampler):
+                shared_generator = inner.generator  # the user's: its state drives the order
         check_split(self._underlying_batch_size, sharding)
         self.device = torch.device(device) if device is not None else None
         # Batches come out of a DataLoader on the CPU: a CPU target needs no walk over the batch.
@@ -135,6 +139,7 @@ class _PreparedLoader(DataLoader):
         self._epochs = epoch_source if epoch_source is not None else _EpochCounter()
         self._seed = seed
         self._own_generator = dataloader_kwargs.get("generator") is None
+        self._shared_generator = shared_generator if sharding.num_processes > 1 else None
         self.skip_batches = int(skip_batches)
         self.use_stateful_dataloader = use_stateful_dataloader
         self.end_of_dataloader = False
@@ -300,6 +305,11 @@ class _PreparedLoader(DataLoader):
             generator = torch.Generator()
             generator.manual_seed(_mix_seed(self._seed or 0, epoch) ^ _WORKER_SEED_SALT)
             self.generator = generator
+        if self._shared_generator is not None and self._every_rank_iterates:
+            # Every rank shuffles with the user's generator: rank 0's state makes them agree.
+            from x_runtime.checkpoint.random_state import synchronize_rng_states
+
+            synchronize_rng_states(["generator"], generator=self._shared_generator)
         resume, self._resume = self._resume, 0
         position = self.skip_batches + resume
         cursor.epoch, cursor.position = epoch, position

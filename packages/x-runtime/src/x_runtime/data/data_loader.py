@@ -136,6 +136,10 @@ def _seedable(source: Any, data_seed: int | None, num_processes: int) -> Any:
     sampler = source if holder is None else getattr(source, "sampler", None)
     if not isinstance(sampler, RandomSampler):
         return source
+    if sampler.generator is not None and not isinstance(sampler, SeedableRandomSampler):
+        # The user's generator drives the order, as in a plain loop over the same loader; the
+        # prepared loader gives every rank rank 0's generator state at each epoch start.
+        return source
     if isinstance(sampler, SeedableRandomSampler):
         if data_seed is None:
             return source
@@ -159,18 +163,22 @@ def _seedable(source: Any, data_seed: int | None, num_processes: int) -> Any:
 
 def prepare_data_loader(
     dataloader: DataLoader,
-    *,
-    num_processes: int = 1,
-    process_index: int = 0,
     device: torch.device | str | None = None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
     split_batches: bool = False,
-    even_batches: bool = True,
+    put_on_device: bool | None = None,
+    rng_types: Any = None,
     dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch: Any = None,
     use_seedable_sampler: bool = True,
     data_seed: int | None = None,
     non_blocking: bool = False,
-    gradient_state: GradientState | None = None,
     use_stateful_dataloader: bool = False,
+    torch_device_mesh: Any = None,
+    *,
+    gradient_state: GradientState | None = None,
 ) -> DataLoaderShard | DataLoaderDispatcher:
     """Rebuild ``dataloader`` so that this process yields its share of every global step.
 
@@ -180,9 +188,14 @@ def prepare_data_loader(
 
     Args:
         dataloader: The loader to prepare (map-style or iterable dataset, any batch sampler).
-        num_processes: Processes sharing the data.
-        process_index: This process.
         device: Where batches go (``send_to_device``); ``None`` leaves them where they are loaded.
+        num_processes: Processes sharing the data; ``None``: the world size of the initialized
+            default process group (1 without one), as Accelerate takes it from its state.
+        process_index: This process; ``None``: its rank in that group.
+        put_on_device: ``False`` leaves batches where they are loaded even with ``device`` given
+            (Accelerate's default); ``None`` or ``True`` moves them to ``device``.
+        rng_types: Accepted for Accelerate's signature; x needs none (a seedable sampler, or the
+            user's generator synchronized from rank 0 at each epoch start).
         split_batches: Cut each batch between the processes (its size must divide evenly) rather
             than dealing whole batches.
         even_batches: Fill an incomplete last global step with samples from the start of the epoch
@@ -196,9 +209,11 @@ def prepare_data_loader(
         data_seed: Its seed; ``None`` draws one now from torch's RNG (the sampler's generator if it
             has one) on rank 0 and broadcasts it, so ``torch.manual_seed`` before this call fixes it.
         non_blocking: Asynchronous host-to-device copies (with ``pin_memory``).
-        gradient_state: Where the loader registers while it iterates.
         use_stateful_dataloader: ``load_state_dict`` also makes the next iteration resume after the
             batches already yielded.
+        slice_fn_for_dispatch: Accelerate's; not supported (must be ``None``).
+        torch_device_mesh: Accelerate's; not supported (must be ``None``).
+        gradient_state: Where the loader registers while it iterates.
 
     Returns:
         A :class:`DataLoaderShard` or :class:`DataLoaderDispatcher`.
@@ -218,6 +233,16 @@ def prepare_data_loader(
         raise ValueError("this dataloader is already prepared")
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"expected a torch DataLoader, got {type(dataloader).__name__}")
+    for name, value in (("slice_fn_for_dispatch", slice_fn_for_dispatch), ("torch_device_mesh", torch_device_mesh)):
+        if value is not None:
+            raise NotImplementedError(f"prepare_data_loader: {name} is not supported by x_runtime")
+    if num_processes is None or process_index is None:
+        from x_runtime.process.collectives import rank, world_size
+
+        num_processes = world_size() if num_processes is None else num_processes
+        process_index = rank() if process_index is None else process_index
+    if put_on_device is False:
+        device = None
     return prepare_sharded_loader(
         dataloader,
         Sharding(num_processes, process_index, split_batches, even_batches),

@@ -25,10 +25,11 @@ __all__ = ["DataLoaderDispatcher", "DataLoaderShard"]
 class DataLoaderShard(_PreparedLoader):
     """A ``DataLoader`` yielding one process's share of every global step.
 
-    Built by :func:`prepare_data_loader`. Map-style datasets are sharded by the batch sampler
-    (a :class:`~x_runtime.data.samplers.BatchSamplerShard` under a
-    :class:`~x_runtime.data.samplers.SkipBatchSampler`, added here when missing); for an iterable
-    dataset every process iterates the whole loader and keeps its share of each step.
+    Built by :func:`prepare_data_loader`. Map-style datasets are sharded by the batch sampler: with
+    several processes ``batch_sampler`` is a :class:`~x_runtime.data.samplers.BatchSamplerShard`
+    over the user's (as in Accelerate), under a :class:`~x_runtime.data.samplers.SkipBatchSampler`
+    only when batches are skipped; with one process a ``SkipBatchSampler`` over the user's. For an
+    iterable dataset every process iterates the whole loader and keeps its share of each step.
 
     Attributes:
         end_of_dataloader: True from just before the last batch is yielded until the next iteration.
@@ -48,11 +49,12 @@ class DataLoaderShard(_PreparedLoader):
             kwargs = self._sharded_sampling(dataset, kwargs)
         super().__init__(dataset, **kwargs)
         self._auto = self.batch_sampler is not None
-        self._skipper: SkipBatchSampler | None = None
+        self._skipper: SkipBatchSampler | BatchSamplerShard | None = None
         self._shard: BatchSamplerShard | None = None
         if not self._iterable:
+            # What skips batches: a SkipBatchSampler, or the shard itself when nothing is skipped.
             self._skipper = self.batch_sampler if self._auto else self.__dict__["_raw_sampler"]
-            inner = self._skipper.batch_sampler  # type: ignore[union-attr]
+            inner = self._skipper.batch_sampler if isinstance(self._skipper, SkipBatchSampler) else self._skipper
             self._shard = inner if isinstance(inner, BatchSamplerShard) else None
         self._fast = not self._iterable or self.num_processes == 1
 
@@ -81,7 +83,8 @@ class DataLoaderShard(_PreparedLoader):
             source = source.batch_sampler
         if sharding.num_processes > 1 and not isinstance(source, BatchSamplerShard):
             source = BatchSamplerShard.for_sharding(source, sharding)
-        skipper = SkipBatchSampler(source, kwargs.get("skip_batches", 0))
+        skip = kwargs.get("skip_batches", 0)
+        skipper = source if isinstance(source, BatchSamplerShard) and not skip else SkipBatchSampler(source, skip)
         if auto:
             kwargs["batch_sampler"] = skipper
         else:
@@ -123,10 +126,12 @@ class DataLoaderShard(_PreparedLoader):
         kwargs = self._copy_kwargs(num_batches)
         for name in ("batch_sampler", "sampler", "batch_size"):
             kwargs.pop(name, None)
+        skipper = self._skipper
+        source = skipper.batch_sampler if isinstance(skipper, SkipBatchSampler) else skipper
         if self._auto:
-            kwargs["batch_sampler"] = self._skipper.batch_sampler
+            kwargs["batch_sampler"] = source
         else:
-            kwargs["sampler"], kwargs["batch_size"] = self._skipper.batch_sampler, None
+            kwargs["sampler"], kwargs["batch_size"] = source, None
         return self._share_position(DataLoaderShard(self.dataset, **kwargs))
 
 
@@ -172,6 +177,8 @@ class DataLoaderDispatcher(_PreparedLoader):
         >>> type(loader).__name__, [batch.tolist() for batch in loader]
         ('DataLoaderDispatcher', [[0, 1], [2, 3], [4]])
     """
+
+    _every_rank_iterates = False
 
     def __init__(self, dataset: Any, **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)

@@ -53,7 +53,10 @@ class SeedableRandomSampler(RandomSampler):
         data_source: The dataset (only its length is used).
         replacement: Draw with replacement, as ``RandomSampler``.
         num_samples: Samples per epoch; defaults to ``len(data_source)``.
-        seed: The shuffle seed shared by every rank.
+        generator: A generator to draw from: reseeded from ``(seed, epoch)`` at each iteration
+            (as Accelerate does), so it stays a function of the pair. ``None``: a fresh one.
+        data_seed: The shuffle seed shared by every rank (Accelerate's name); ``seed`` is the same.
+            Neither given: ``torch.initial_seed()``, as in Accelerate (``set_seed`` fixes it).
         epoch: The epoch the next iteration shuffles for.
 
     Examples:
@@ -69,15 +72,27 @@ class SeedableRandomSampler(RandomSampler):
     def __init__(
         self,
         data_source: Sized,
-        *,
         replacement: bool = False,
         num_samples: int | None = None,
-        seed: int = 0,
+        generator: torch.Generator | None = None,
+        *,
+        data_seed: int | None = None,
+        seed: int | None = None,
         epoch: int = 0,
     ) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples)  # type: ignore[arg-type]
-        self.seed = int(seed)
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)  # type: ignore[arg-type]
+        chosen = data_seed if data_seed is not None else seed
+        self.seed = int(chosen if chosen is not None else torch.initial_seed())
         self.epoch = int(epoch)
+
+    @property
+    def initial_seed(self) -> int:
+        """The shuffle seed (Accelerate's attribute name)."""
+        return self.seed
+
+    @initial_seed.setter
+    def initial_seed(self, value: int) -> None:
+        self.seed = int(value)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration shuffle for ``epoch``."""
@@ -86,7 +101,7 @@ class SeedableRandomSampler(RandomSampler):
     def __iter__(self) -> Iterator[int]:
         size = len(self.data_source)
         count = self.num_samples
-        generator = torch.Generator()
+        generator = self.generator if self.generator is not None else torch.Generator()
         generator.manual_seed(_mix_seed(self.seed, self.epoch))
         if self.replacement:
             yield from torch.randint(size, (count,), dtype=torch.int64, generator=generator).tolist()
@@ -154,6 +169,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         self.underlying_batch_size: int | None = getattr(batch_sampler, "batch_size", None)
         check_split(self.underlying_batch_size, sharding)
         self.remainder = -1
+        self.skip_once = 0  # batches of this rank to skip in the next iteration only (resuming)
 
     @property
     def num_processes(self) -> int:
@@ -213,10 +229,14 @@ class BatchSamplerShard(Sampler[list[int]]):
             batch_size=self.underlying_batch_size,
             drop_last=self.drop_last,
         )
+        skip, self.skip_once = self.skip_once, 0
         for entries, real in steps:
             self.remainder = real
             batch = entries[rank]
             if batch is not None:
+                if skip:
+                    skip -= 1
+                    continue
                 yield batch
 
 

@@ -2,7 +2,8 @@
 
 The prepared model's ``forward`` runs under autocast and returns float32 outputs, so losses and
 metrics computed after it keep full precision, as in Accelerate. fp16 needs a loss scaler and a
-GPU; on CPU it is refused (bf16 is the CPU choice). fp8 is checked and applied by
+GPU; on CPU it is accepted and, exactly as Accelerate 1.15 does there, computes in float32 with
+no autocast and no scaler (bf16 is the CPU choice that autocasts). fp8 is checked and applied by
 ``precision.fp8``; around its fp8 layers the model autocasts to bf16.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +40,6 @@ class Precision:
         mode = "no" if mode in (None, "") else str(mode).lower()
         if mode not in MIXED_PRECISIONS:
             raise ValueError(f"mixed_precision={mode!r} is not one of {', '.join(MIXED_PRECISIONS)}")
-        if mode == "fp16" and device.type == "cpu":
-            raise ValueError("mixed_precision='fp16' needs a GPU; on CPU use 'bf16' or 'no'")
         if mode in ("fp16", "fp8") and device.type == "xla":
             raise ValueError(f"mixed_precision={mode!r} on an XLA device: TPUs compute in bf16; use 'bf16' or 'no'")
         if mode == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -48,12 +48,20 @@ class Precision:
             )
         self.mode = mode
         self.device = device
-        self.dtype = _DTYPES.get(mode)
+        # fp16 on CPU: Accelerate keeps native_amp off there (no autocast, no GradScaler). Same
+        # here, but said once: Accelerate trains in fp32 without a word.
+        self.dtype = None if mode == "fp16" and device.type == "cpu" else _DTYPES.get(mode)
+        if mode == "fp16" and device.type == "cpu":
+            warnings.warn(
+                "mixed_precision='fp16' on CPU computes in float32, as Accelerate does there (no autocast, "
+                "no loss scaling); mixed_precision='bf16' is the CPU choice that autocasts",
+                stacklevel=3,
+            )
         self._autocast_kwargs = dict(autocast_kwargs or {})
         self._autocast_kwargs.pop("enabled", None)
         self.autocast_enabled = (autocast_kwargs or {}).get("enabled", True)
         self.scaler: torch.amp.GradScaler | None = None
-        if mode == "fp16":
+        if mode == "fp16" and device.type != "cpu":
             self.scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
 
     @property

@@ -11,6 +11,7 @@ from x_runtime.process.collectives import (
     barrier,
     broadcast,
     broadcast_object_list,
+    copy_tensor_to_devices,
     gather,
     gather_object,
     pad_across_processes,
@@ -18,8 +19,10 @@ from x_runtime.process.collectives import (
     reduce,
     world_size,
 )
+from x_runtime.process.debug import debug_mode, set_debug_mode, verify_operation
 from x_runtime.process.distributed_type import DistributedType
 from x_runtime.process.environments import ENVIRONMENTS, ClusterEnvironment, Placement, join_group
+from x_runtime.process.errors import DistributedOperationException
 from x_runtime.process.helpers import first_on, on_process, share_bounds, split_between_processes
 from x_runtime.process.logging import MultiProcessAdapter, get_logger
 from x_runtime.process.state import ProcessState
@@ -27,6 +30,7 @@ from x_runtime.process.state import ProcessState
 __all__ = [
     "ENVIRONMENTS",
     "ClusterEnvironment",
+    "DistributedOperationException",
     "DistributedType",
     "MultiProcessAdapter",
     "Placement",
@@ -34,6 +38,8 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "copy_tensor_to_devices",
+    "debug_mode",
     "first_on",
     "gather",
     "gather_object",
@@ -43,7 +49,9 @@ __all__ = [
     "pad_across_processes",
     "rank",
     "reduce",
+    "set_debug_mode",
     "share_bounds",
     "split_between_processes",
+    "verify_operation",
     "world_size",
 ]

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from x_runtime.data.nested import apply, is_namedtuple
+from x_runtime.process.errors import DistributedOperationException
 
 # A tensor all_gather costs about a sixth of an all_gather_object on gloo (pickling plus two
 # collectives). 32 words hold the header and a handful of 2-4-d tensors, the usual metrics
@@ -108,7 +109,7 @@ def _check_shapes(op: str, data: Any, world: int) -> _Table:
     if len({(row[2], row[3]) for row in rows}) > 1:
         # Rare and fatal: a second collective buys a readable message. Every process takes it.
         layouts = _all_gather_objects(_layout_text(walk), world)
-        raise ValueError(
+        raise DistributedOperationException(
             f"{op}: the nested structure differs across processes: {_by_rank(layouts)}; "
             "every process must pass the same containers, keys and lengths"
         )

@@ -5,14 +5,12 @@ containers as :mod:`x_runtime.data.nested` (tensors inside lists, tuples, named 
 ``torch.distributed`` is not initialized, or the world has one process, they return what a
 one-process world would return, so the same script runs with and without a launcher.
 
-Why the shape check: ``all_gather`` needs every process to send tensors of one shape and dtype.
-When they don't, Accelerate's ``gather`` hangs or fails deep inside the backend, on some processes
-only; its own check runs only in debug mode and costs a pickled ``all_gather_object`` per call.
-Here ``gather`` and ``pad_across_processes`` first exchange one small int64 tensor that describes
-the whole structure (tensor count, dtypes, shapes). Every process gets the same table, so every
-process reaches the same verdict: all raise the same ``ValueError`` naming each rank's shape, or all
-go on. With the shapes known, ``gather`` also accepts different sizes along dim 0 (padding,
-gathering and trimming them) where Accelerate requires ``pad_across_processes`` first.
+Why the shape check: ``all_gather`` needs every process to send tensors of one shape and dtype;
+when they don't, the backend hangs or fails on some processes only. ``gather`` and
+``pad_across_processes`` first exchange one small int64 tensor describing the whole structure, so
+every process reaches the same verdict: all raise the same ``DistributedOperationException`` (a
+``ValueError``) naming each rank's shape, or all go on. ``gather`` also accepts different sizes
+along dim 0 (padded, gathered, trimmed). The others check in debug mode only (``process.debug``).
 """
 
 from __future__ import annotations
@@ -33,11 +31,14 @@ from x_runtime.process._shape_check import (
     object_group,
 )
 from x_runtime.process._transfer import _as_rows, _gather_checked, _on_xla_if_needed, _pad, _source_rank, _wire
+from x_runtime.process.debug import debug_mode, verify_operation
+from x_runtime.process.errors import DistributedOperationException
 
 __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "copy_tensor_to_devices",
     "gather",
     "gather_object",
     "pad_across_processes",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 
+_OPS = "x_runtime.process.collectives"
 _REDUCTIONS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -74,7 +76,7 @@ def rank() -> int:
     return 0
 
 
-def gather(data: Any) -> Any:
+def gather(data: Any, *, debug: bool | None = None) -> Any:
     """Every tensor in ``data`` gathered from all processes and concatenated along dim 0 in rank order.
 
     Containers are rebuilt around the results. A 0-d tensor counts as one row, so gathering a
@@ -83,6 +85,8 @@ def gather(data: Any) -> Any:
     ``ValueError``. Dim 0 may differ (unlike Accelerate): each process's rows are padded, gathered
     and trimmed back, so nothing needs ``pad_across_processes`` first. Results are on the device of
     the input tensor. On one process the input tensors themselves come back (0-d ones as views).
+    Gathered tensors carry no autograd history (as in Accelerate): a tensor that requires grad
+    is gathered like any other. The shapes are checked always, so ``debug`` changes nothing here.
 
     Args:
         data: A tensor, or nested lists/tuples/named tuples/dicts of tensors.
@@ -91,7 +95,8 @@ def gather(data: Any) -> Any:
         The same structure with every tensor replaced by the concatenation of all processes' tensors.
 
     Raises:
-        ValueError: Processes passed different structures, dtypes, or shapes beyond dim 0.
+        DistributedOperationException: (a ``ValueError``) Processes passed different structures,
+            dtypes, or shapes beyond dim 0.
         TypeError: Some process passed a leaf that is not a tensor.
 
     Examples:
@@ -107,17 +112,21 @@ def gather(data: Any) -> Any:
         at = f" at {path}" if path else ""
         if len(set(table.dtypes[i])) > 1:
             names = [_dtype_name(code) for code in table.dtypes[i]]
-            raise ValueError(f"gather: dtypes differ across processes{at}: {_by_rank(names)}; cast them to one dtype")
+            raise DistributedOperationException(
+                f"gather: dtypes differ across processes{at}: {_by_rank(names)}; cast them to one dtype"
+            )
         if len({shape[1:] for shape in table.shapes[i]}) > 1:
-            raise ValueError(
+            raise DistributedOperationException(
                 f"gather: shapes differ across processes beyond dim 0{at}: {_by_rank(map(str, table.shapes[i]))}; "
                 "pad them with pad_across_processes or make them agree"
             )
+    # Collectives write into tensors that autograd does not track; the results have no history.
+    table.tensors = [tensor.detach() for tensor in table.tensors]
     results = _gather_checked(table, world)
     return _rebuild(data, results)
 
 
-def gather_object(obj: Any) -> list[Any]:
+def gather_object(obj: Any, *, debug: bool | None = None) -> list[Any]:
     """Every process's list, concatenated in rank order (Accelerate semantics).
 
     A list contributes its items; anything else, tuples and dicts included, contributes itself as
@@ -139,6 +148,8 @@ def gather_object(obj: Any) -> list[Any]:
     world = world_size()
     if world == 1:
         return list(obj) if isinstance(obj, list) else [obj]
+    if debug_mode(debug):
+        verify_operation(f"{_OPS}.gather_object", obj, key=lambda _obj: None, group=object_group())
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, obj, group=object_group())
     out: list[Any] = []
@@ -150,7 +161,9 @@ def gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False) -> Any:
+def pad_across_processes(
+    data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False, *, debug: bool | None = None
+) -> Any:
     """Every tensor in ``data`` padded along ``dim`` to the largest size any process has there.
 
     One small collective exchanges the shapes for the whole structure. Tensors with ``dim`` out of
@@ -167,7 +180,8 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first:
         The same structure with padded tensors.
 
     Raises:
-        ValueError: Processes passed different structures or numbers of dimensions.
+        DistributedOperationException: (a ``ValueError``) Processes passed different structures
+            or numbers of dimensions (checked always; ``debug`` changes nothing here).
         TypeError: Some process passed a leaf that is not a tensor.
 
     Examples:
@@ -184,7 +198,7 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first:
         shapes = table.shapes[i]
         if len({len(shape) for shape in shapes}) > 1:
             at = f" at {table.paths[i]}" if table.paths[i] else ""
-            raise ValueError(
+            raise DistributedOperationException(
                 f"pad_across_processes: tensors have different numbers of dimensions across processes{at}: "
                 f"{_by_rank(map(str, shapes))}"
             )
@@ -198,14 +212,16 @@ def pad_across_processes(data: Any, dim: int = 0, pad_index: Any = 0, pad_first:
     return _rebuild(data, results)
 
 
-def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0, *, debug: bool | None = None) -> Any:
     """Every tensor in ``data`` reduced across processes, then multiplied by ``scale``.
 
     Works on copies: the inputs are not modified. ``"mean"`` divides the sum by the world size
     (integer tensors come back as floating point); ``"none"`` communicates nothing and returns
     the scaled copies, as Accelerate documents (its code sums instead). ``scale`` applies on every
     backend, where Accelerate only applies it on TPU. The copies keep autograd history, like
-    Accelerate's. Shapes must match across processes; they are not checked here.
+    Accelerate's. Shapes must match across processes: in debug mode (``debug=True`` or
+    ``X_DEBUG_MODE``) they are checked first and every process raises
+    ``DistributedOperationException`` when they differ.
 
     Args:
         data: A tensor, or nested lists/tuples/named tuples/dicts of tensors.
@@ -217,6 +233,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
 
     Raises:
         ValueError: Unknown ``reduction``.
+        DistributedOperationException: Debug mode, and the shapes differ across processes.
         TypeError: A leaf that is not a tensor.
 
     Examples:
@@ -228,12 +245,15 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         raise ValueError(f"reduce: unknown reduction {reduction!r}; choose one of {choices}")
     _raise_local_problems("reduce", _walk(data))
     world = world_size()
+    if world > 1 and reduction != "none" and debug_mode(debug):
+        verify_operation(f"{_OPS}.reduce", data, group=object_group())
 
     def one(tensor: torch.Tensor) -> torch.Tensor:
         result = tensor.clone()
         if reduction != "none" and world > 1:
             result = _on_xla_if_needed(result)
-            dist.all_reduce(result, op=_REDUCTIONS[reduction])
+            with torch.no_grad():  # the in-place collective is invisible to autograd either way
+                dist.all_reduce(result, op=_REDUCTIONS[reduction])
             result = result.to(tensor.device)
         if reduction == "mean":
             result = result / world
@@ -244,11 +264,11 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     return apply(one, data)
 
 
-def broadcast(data: Any, from_process: int = 0) -> Any:
+def broadcast(data: Any, from_process: int = 0, *, debug: bool | None = None) -> Any:
     """Every tensor in ``data`` overwritten, in place, with the values of process ``from_process``.
 
     In place like Accelerate: every process must already hold tensors of the right shapes and
-    dtypes (they are not checked). Returns ``data`` itself.
+    dtypes (checked in debug mode only: ``debug=True`` or ``X_DEBUG_MODE``). Returns ``data`` itself.
 
     Args:
         data: A tensor, or nested lists/tuples/named tuples/dicts of tensors.
@@ -259,6 +279,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
 
     Raises:
         ValueError: ``from_process`` is not a rank of this world.
+        DistributedOperationException: Debug mode, and the shapes differ across processes.
         TypeError: A leaf that is not a tensor.
 
     Examples:
@@ -271,6 +292,8 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     _raise_local_problems("broadcast", _walk(data))
     if world == 1:
         return data
+    if debug_mode(debug):
+        verify_operation(f"{_OPS}.broadcast", data, group=object_group())
 
     def one(tensor: torch.Tensor) -> None:
         target = tensor.detach()  # same storage; lets parameters (leaves needing grad) be overwritten
@@ -298,7 +321,7 @@ def barrier() -> None:
         dist.barrier()
 
 
-def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list[Any]:
+def broadcast_object_list(object_list: list[Any], from_process: int = 0, *, debug: bool | None = None) -> list[Any]:
     """``object_list`` overwritten, in place, with process ``from_process``'s items (pickled).
 
     Every process must pass a list of the same length. Returns ``object_list`` itself.
@@ -320,5 +343,50 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0) -> list
     world = world_size()
     source = _source_rank("broadcast_object_list", from_process, world)
     if world > 1:
+        if debug_mode(debug):
+            verify_operation(f"{_OPS}.broadcast_object_list", object_list, key=len, group=object_group())
         dist.broadcast_object_list(object_list, src=source, group=object_group())
     return object_list
+
+
+def copy_tensor_to_devices(
+    tensor: torch.Tensor | None = None, *, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The tensor that exactly one process holds, copied to every process (Accelerate's name).
+
+    Unlike ``broadcast``, the other processes pass ``None`` and need not know its shape or dtype:
+    one small pickled exchange tells them, then the values are broadcast.
+
+    Args:
+        tensor: The tensor on the one process that has it, ``None`` on the others.
+        device: Where the copies go on the other processes; defaults to the CPU (the current CUDA
+            device under NCCL).
+
+    Raises:
+        DistributedOperationException: No process, or more than one, passed a tensor.
+
+    Examples:
+        >>> copy_tensor_to_devices(torch.tensor([1, 2, 3]))
+        tensor([1, 2, 3])
+    """
+    world = world_size()
+    if world == 1:
+        if tensor is None:
+            raise DistributedOperationException("copy_tensor_to_devices: no process passed a tensor")
+        return tensor
+    mine = None if tensor is None else (list(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+    found: list[Any] = [None] * world
+    dist.all_gather_object(found, mine, group=object_group())
+    holders = [r for r, entry in enumerate(found) if entry is not None]
+    if len(holders) != 1:
+        raise DistributedOperationException(
+            f"copy_tensor_to_devices: exactly one process must pass a tensor, the others None; got tensors on "
+            f"{'no process' if not holders else 'processes ' + ', '.join(map(str, holders))}"
+        )
+    source = holders[0]
+    if tensor is None:
+        shape, dtype = found[source]
+        if device is None:
+            device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        tensor = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+    return broadcast(tensor, from_process=source)

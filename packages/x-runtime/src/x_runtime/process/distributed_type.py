@@ -19,6 +19,14 @@ class DistributedType:
     FSDP = "FSDP"
     DEEPSPEED = "DEEPSPEED"
     XLA = "XLA"
+    # Accelerate's names for hardware x does not drive; scripts compare against them.
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+    MEGATRON_LM = "MEGATRON_LM"
 
 
 # Sharding strategies need a process group even when the launcher started a single process.

@@ -135,8 +135,9 @@ def join_group(
     Args:
         backend: the group's backend.
         timeout: bounds every collective of the group.
-        rank, world_size: this process's place; an existing group must agree with them. ``None``
-            (under torchrun on XLA): the rendezvous assigns them.
+        rank: this process's rank; an existing group must agree. ``None`` (under torchrun on XLA):
+            the rendezvous assigns it.
+        world_size: the number of processes; an existing group must agree (``None`` as for rank).
         init_method: the rendezvous, or a function giving it (asked only when a group is created).
         device: a CUDA device becomes the current one before the group is created.
         in_process: a world of one through an in-process store: no rendezvous, no port to find.

@@ -59,6 +59,11 @@ def share_bounds(length: int, parts: int, index: int) -> tuple[int, int]:
     return start, start + base + (1 if index < extra else 0)
 
 
+def _is_table(inputs: Any) -> bool:
+    # datasets.Dataset (and look-alikes) without importing datasets: rows are taken with select().
+    return callable(getattr(inputs, "select", None)) and hasattr(inputs, "column_names")
+
+
 def _split(inputs: Any, parts: int, index: int, apply_padding: bool) -> Any:
     if isinstance(inputs, Mapping):
         lengths = {len(value) for value in inputs.values()}
@@ -67,8 +72,13 @@ def _split(inputs: Any, parts: int, index: int, apply_padding: bool) -> Any:
         return type(inputs)({k: _split(v, parts, index, apply_padding) for k, v in inputs.items()})
     length = len(inputs)
     start, stop = share_bounds(length, parts, index)
-    share = inputs[start:stop]
     longest = -(-length // parts)
+    if _is_table(inputs):  # a datasets.Dataset: slicing would give a dict of columns
+        rows = list(range(start, stop))
+        if apply_padding and length and len(rows) < longest:
+            rows += [rows[-1] if rows else length - 1] * (longest - len(rows))
+        return inputs.select(rows)
+    share = inputs[start:stop]
     if apply_padding and length and len(share) < longest:
         filler = share[-1:] if len(share) else inputs[length - 1 : length]
         missing = longest - len(share)
@@ -81,7 +91,9 @@ def _split(inputs: Any, parts: int, index: int, apply_padding: bool) -> Any:
 
 @contextlib.contextmanager
 def split_between_processes(state: ProcessState, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-    """This process's contiguous share of a list, tuple, tensor or dict of those.
+    """This process's contiguous share of a list, tuple, tensor, dict of those, or ``datasets.Dataset``.
+
+    A ``Dataset`` share is a ``Dataset`` of this process's rows (``select``).
 
     With ``apply_padding`` every share has the same length, padded by repeating its own last
     item (the last input for an empty share), so the shares can be gathered.

@@ -95,12 +95,19 @@ class Strategy(Protocol):
         """The whole model's weights (every rank calls this; only the main process needs them)."""
         ...
 
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
-        """Write ``model``'s weights under ``folder``; return what the manifest should record."""
+    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
+        """Write ``model``'s weights under ``folder``; return what the manifest should record.
+
+        Every rank calls it. ``writer``: this rank assembles ``folder`` (rank 0 for a shared folder;
+        each rank for a folder of its own). Strategies whose ranks hold whole replicas write the
+        whole-model files when ``writer``; sharding strategies keep their own rule.
+        """
         ...
 
     def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None: ...
 
-    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]: ...
+    def save_optimizer_files(
+        self, folder: Path, name: str, optimizer: Any, model: Any, *, writer: bool
+    ) -> dict[str, Any]: ...
 
     def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None: ...

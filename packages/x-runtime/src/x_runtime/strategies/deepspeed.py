@@ -160,7 +160,8 @@ class DeepSpeedStrategy(StrategyDefaults):
             raise ValueError("DeepSpeed: this model was not prepared by this accelerator")
         return engine
 
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
+    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
+        # Shards (or the gathered whole on rank 0) follow this strategy's own rule, not ``writer``.
         self._engine_of(model).save_checkpoint(str(folder / f"{name}_deepspeed"), tag="state")
         return {"layout": "deepspeed", "strategy": "DEEPSPEED", "zero_stage": self.plugin.zero_stage}
 
@@ -177,7 +178,9 @@ class DeepSpeedStrategy(StrategyDefaults):
         if loaded is None:
             raise ValueError(f"{folder / (name + '_deepspeed')} holds no DeepSpeed checkpoint tagged 'state'")
 
-    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
+    def save_optimizer_files(
+        self, folder: Path, name: str, optimizer: Any, model: Any, *, writer: bool
+    ) -> dict[str, Any]:
         return {"layout": "deepspeed", "strategy": "DEEPSPEED"}  # inside the engine's checkpoint
 
     def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:

@@ -83,9 +83,9 @@ class StrategyDefaults:
         """The whole model's weights (every rank calls this; only the main process needs them)."""
         return self.to_host(model.state_dict())
 
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
-        """Write ``model``'s weights under ``folder``; return what the manifest should record."""
-        if self.state.is_main_process:
+    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
+        """Write ``model``'s weights under ``folder`` when this rank assembles it (replicas: any rank can)."""
+        if writer:
             save_tensors_file(self.to_host(model.state_dict()), folder / f"{name}.safetensors")
         return {"layout": "full"}
 
@@ -96,8 +96,10 @@ class StrategyDefaults:
         check_shapes(path, weights, model.state_dict())
         model.load_state_dict(weights, strict=strict)
 
-    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
-        if self.state.is_main_process:
+    def save_optimizer_files(
+        self, folder: Path, name: str, optimizer: Any, model: Any, *, writer: bool
+    ) -> dict[str, Any]:
+        if writer:
             torch_save(self.to_host(optimizer.state_dict()), folder / f"{name}.bin")
         return {"layout": "full"}
 

@@ -141,7 +141,8 @@ class FSDPStrategy(StrategyDefaults):
     def _sharded_layout(self) -> bool:
         return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
 
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module) -> dict[str, Any]:
+    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
+        # Shards (or the gathered whole on rank 0) follow this strategy's own rule, not ``writer``.
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
@@ -175,7 +176,9 @@ class FSDPStrategy(StrategyDefaults):
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
         set_model_state_dict(model, weights, options=options)
 
-    def save_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any) -> dict[str, Any]:
+    def save_optimizer_files(
+        self, folder: Path, name: str, optimizer: Any, model: Any, *, writer: bool
+    ) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
@@ -223,21 +226,7 @@ def wrap_units(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin) -
         return []
     if policy == "size_based_wrap":
         return _units_by_size(model, int(plugin.min_num_params))
-    names = list(plugin.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
-    model_name = type(model).__name__
-    if not names:
-        raise ValueError(
-            f"auto_wrap_policy=transformer_based_wrap needs layer class names (fsdp_transformer_layer_cls_to_wrap, "
-            f"e.g. LlamaDecoderLayer); {model_name} declares no _no_split_modules"
-        )
-    present = {type(m).__name__ for m in model.modules()}
-    unknown = [n for n in names if n not in present]
-    if unknown:
-        with_params = sorted({type(m).__name__ for m in model.modules() if any(True for _ in m.parameters())})
-        raise ValueError(
-            f"fsdp_transformer_layer_cls_to_wrap: {', '.join(unknown)} not found in {model_name}; its module "
-            f"classes with parameters are {', '.join(with_params)}"
-        )
+    names = plugin.layer_class_names(model)
     return [m for m in model.modules() if m is not model and type(m).__name__ in names]
 
 

@@ -8,6 +8,7 @@ to ``reshard_after_forward`` True / False; the others are refused with the alter
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,7 +105,9 @@ class FullyShardedDataParallelPlugin:
             self.cpu_offload = env.FSDP_OFFLOAD_PARAMS.read()
         if self.state_dict_type is None:
             self.state_dict_type = env.FSDP_STATE_DICT_TYPE.read()
-        self.state_dict_type = str(self.state_dict_type).upper()
+        self.state_dict_type = _enum_name(self.state_dict_type, _STATE_DICT_NUMBERS)
+        if self.backward_prefetch is not None:
+            self.backward_prefetch = _enum_name(self.backward_prefetch, _PREFETCH_NUMBERS)
         if self.state_dict_type == "LOCAL_STATE_DICT":
             raise ValueError(
                 "state_dict_type=LOCAL_STATE_DICT exists only in FSDP1; use SHARDED_STATE_DICT (any process count "
@@ -125,14 +128,48 @@ class FullyShardedDataParallelPlugin:
                 "that way"
             )
 
+    def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:
+        """Settle the layer classes for ``model`` now, as Accelerate's call of this name does.
+
+        ``prepare`` does the same by itself; calling this first only moves its checks earlier.
+
+        Raises:
+            ValueError: as ``prepare`` would: no class names, or names the model does not have.
+        """
+        if self.auto_wrap_policy == "transformer_based_wrap":
+            self.transformer_cls_names_to_wrap = self.layer_class_names(model)
+
+    def layer_class_names(self, model: torch.nn.Module) -> list[str]:
+        """The layer classes sharded as units of ``model``: the names given, else its ``_no_split_modules``.
+
+        Raises:
+            ValueError: no class names, or names no submodule of ``model`` has (listing its classes).
+        """
+        names = list(self.transformer_cls_names_to_wrap or getattr(model, "_no_split_modules", None) or [])
+        model_name = type(model).__name__
+        if not names:
+            raise ValueError(
+                f"auto_wrap_policy=transformer_based_wrap needs layer class names (fsdp_transformer_layer_cls_to_wrap, "
+                f"e.g. LlamaDecoderLayer); {model_name} declares no _no_split_modules"
+            )
+        present = {type(m).__name__ for m in model.modules()}
+        unknown = [n for n in names if n not in present]
+        if unknown:
+            with_params = sorted({type(m).__name__ for m in model.modules() if any(True for _ in m.parameters())})
+            raise ValueError(
+                f"fsdp_transformer_layer_cls_to_wrap: {', '.join(unknown)} not found in {model_name}; its module "
+                f"classes with parameters are {', '.join(with_params)}"
+            )
+        return names
+
     def _resolve_resharding(self) -> None:
         strategy = self.sharding_strategy
-        if isinstance(self.reshard_after_forward, str):  # Accelerate writes FSDP1 names into this key
+        if isinstance(self.reshard_after_forward, (str, enum.Enum)):  # Accelerate writes FSDP1 names here
             strategy, self.reshard_after_forward = self.reshard_after_forward, None
         if strategy is None and env.FSDP_SHARDING_STRATEGY.is_set():
             strategy = env.FSDP_SHARDING_STRATEGY.read()
         if strategy is not None:
-            strategy = str(strategy).upper()
+            strategy = _enum_name(strategy, _STRATEGY_NUMBERS)
             translated = reshard_after_forward_for(strategy)  # the launcher's translation, not a copy
             if translated is None:
                 raise ValueError(
@@ -180,3 +217,21 @@ def _dtype(name: str, value: Any) -> Any:
     if dtype is None:
         raise ValueError(f"mixed_precision_policy {name}={value!r}: expected one of {', '.join(sorted(_DTYPES))}")
     return dtype
+
+
+# Accelerate also takes torch's FSDP1 enums and their 1-based numbers (its config files' style).
+_STRATEGY_NUMBERS = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+_STATE_DICT_NUMBERS = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+_PREFETCH_NUMBERS = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+
+
+def _enum_name(value: Any, numbered: tuple[str, ...]) -> str:
+    """``ShardingStrategy.FULL_SHARD``, ``"full_shard"``, ``"ShardingStrategy.FULL_SHARD"`` or 1 -> ``"FULL_SHARD"``."""
+    if isinstance(value, enum.Enum):
+        return value.name.upper()
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= len(numbered):
+        return numbered[value - 1]
+    text = str(value).strip()
+    if text.isdigit() and 1 <= int(text) <= len(numbered):
+        return numbered[int(text) - 1]
+    return text.rsplit(".", 1)[-1].upper()

@@ -43,6 +43,7 @@ def choose_strategy(
     mixed_precision: str,
     ddp_kwargs: dict[str, Any],
     gradient_state: GradientState | None = None,
+    comm_hook: tuple[str, str, dict] | None = None,
 ) -> Strategy:
     """The strategy for ``asked`` (``asked_strategy``'s answer): FSDP, DeepSpeed, XLA, or DDP/plain.
 
@@ -67,4 +68,4 @@ def choose_strategy(
         from x_runtime.strategies.deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy(state, deepspeed_plugin, mixed_precision)
-    return DDPStrategy(state, ddp_kwargs=ddp_kwargs)
+    return DDPStrategy(state, ddp_kwargs=ddp_kwargs, comm_hook=comm_hook)

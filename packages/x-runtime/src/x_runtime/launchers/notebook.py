@@ -1,0 +1,120 @@
+"""``notebook_launcher``: run a function in N processes on torch's elastic agent, as Accelerate does.
+
+One process runs the function here, in this process. Several are started by
+``torch.distributed.launcher.elastic_launch`` (forked, so a function defined in a notebook
+needs no pickling): each worker gets torch's variables (``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``...), so an ``Accelerator`` or ``PartialState`` built inside joins the group as
+under torchrun. The agent restarts the workers up to ``max_restarts`` times and stops them all
+when one fails; the failure comes back as torch's ``ChildFailedError``, naming the rank and its
+error. Forking a parent that already initialised CUDA, or that is in a process group, would hand
+the children state they cannot use, so that is refused before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from x_common import env
+from x_runtime.utils.environment import patch_environment
+from x_runtime.utils.imports import is_cuda_available
+
+__all__ = ["notebook_launcher"]
+
+_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    num_processes: int | None = None,
+    mixed_precision: str = "no",
+    use_port: str = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
+) -> Any:
+    """Run ``function(*args)`` in ``num_processes`` processes on this node (of ``num_nodes``).
+
+    Args:
+        function: what each process runs; build the ``Accelerator`` inside it.
+        args: its positional arguments.
+        num_processes: processes on this node; 1 runs ``function`` in this process.
+        mixed_precision: "no", "fp16", "bf16" or "fp8", seen by every ``Accelerator`` inside.
+        use_port: the port of the static backend's rendezvous.
+        master_addr: the address of the static backend's rendezvous.
+        node_rank: this node's index among ``num_nodes``.
+        num_nodes: nodes in the job.
+        rdzv_backend: "static" (default) or "c10d".
+        rdzv_endpoint: passed to torch's elastic launcher.
+        rdzv_conf: passed to torch's elastic launcher.
+        rdzv_id: passed to torch's elastic launcher.
+        max_restarts: restarts of all workers after a failure before giving up.
+        monitor_interval: seconds between the agent's checks of its workers.
+        log_line_prefix_template: prefix of each worker's output lines (e.g. "[rank${rank}]").
+
+    Returns:
+        What ``function`` returned: its value with one process, a dict of rank to value otherwise.
+
+    Raises:
+        ValueError: ``num_processes`` missing, a bad ``mixed_precision`` or ``node_rank``, or
+            a parent that initialised CUDA or joined a process group before forking.
+        torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed
+            (after ``max_restarts`` restarts).
+    """
+    mode = str(mixed_precision).lower()
+    if mode not in _PRECISIONS:
+        raise ValueError(f"unknown mixed_precision {mixed_precision!r}: choose one of {', '.join(_PRECISIONS)}")
+    if num_processes is None:
+        raise ValueError("pass num_processes=..., the number of processes to start")
+    if node_rank >= num_nodes:
+        raise ValueError(f"node_rank ({node_rank}) must be less than num_nodes ({num_nodes})")
+    if num_processes <= 1 and num_nodes <= 1:
+        with patch_environment(**{env.MIXED_PRECISION.name: mode}):
+            return function(*args)
+    if torch.cuda.is_initialized():
+        raise ValueError(
+            "CUDA was initialised in this process before notebook_launcher: forked workers could not use it. "
+            "Restart the notebook and touch the GPU only inside the launched function."
+        )
+    if dist.is_initialized():
+        raise ValueError(
+            "this process is already in a process group (an Accelerator or PartialState was built here): "
+            "build them only inside the launched function"
+        )
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    conf = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        conf["rank"] = node_rank
+        rdzv_endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
+    options: dict[str, Any] = {
+        "min_nodes": num_nodes,
+        "max_nodes": num_nodes,
+        "nproc_per_node": num_processes,
+        "run_id": rdzv_id,
+        "rdzv_endpoint": rdzv_endpoint,
+        "rdzv_backend": rdzv_backend,
+        "rdzv_configs": conf,
+        "max_restarts": max_restarts,
+        "monitor_interval": monitor_interval,
+        "start_method": "fork",
+        "log_line_prefix_template": log_line_prefix_template,
+    }
+    known = {f.name for f in fields(LaunchConfig)}
+    config = LaunchConfig(**{k: v for k, v in options.items() if k in known})
+    where = {env.MASTER_ADDR.name: master_addr, env.MASTER_PORT.name: use_port, env.MIXED_PRECISION.name: mode}
+    print(f"Launching training on {num_processes} {'GPU' if is_cuda_available() else 'CPU'}s.")
+    with patch_environment(**where):
+        return elastic_launch(config=config, entrypoint=function)(*args)

@@ -1,0 +1,164 @@
+"""Accelerate's FSDP checkpoint functions: ``save_fsdp_model``, ``load_fsdp_model``, ``merge_fsdp_weights``.
+
+The files are Accelerate's: ``SHARDED_STATE_DICT`` writes ``<output_dir>/pytorch_model_fsdp_<i>/``
+through ``torch.distributed.checkpoint`` (every rank its own shards, under the key ``model``);
+``FULL_STATE_DICT`` gathers whole tensors and rank 0 writes ``pytorch_model_fsdp.bin``
+(``pytorch_model_fsdp_<i>.bin`` past the first model). ``merge_fsdp_weights`` turns a sharded
+folder into one ``model.safetensors`` (or ``pytorch_model.bin``) on one process, with no process
+group needed: what ``x-launch merge-weights`` runs. The model may be FSDP2 (``fully_shard``),
+DDP or plain: torch's ``get_model_state_dict`` reads each of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from x_runtime.checkpoint.files import torch_load
+from x_runtime.checkpoint.model_files import save_object
+from x_runtime.process.state import ProcessState
+
+__all__ = ["FSDP_MODEL_NAME", "load_fsdp_model", "merge_fsdp_weights", "save_fsdp_model"]
+
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
+SAFE_WEIGHTS_NAME = "model.safetensors"
+WEIGHTS_NAME = "pytorch_model.bin"
+
+logger = logging.getLogger(__name__)
+
+
+def _layout(fsdp_plugin: Any) -> str:
+    """ "FULL_STATE_DICT" or "SHARDED_STATE_DICT", from a string or torch's ``StateDictType``."""
+    kind = getattr(fsdp_plugin, "state_dict_type", None) or "FULL_STATE_DICT"
+    name = str(getattr(kind, "name", kind)).upper().rsplit(".", 1)[-1]
+    if name not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
+        raise ValueError(f"state_dict_type {name} is not supported with FSDP2: use FULL_ or SHARDED_STATE_DICT")
+    return name
+
+
+def _options(full: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=full, cpu_offload=full)
+
+
+def _adapter_keys(model: torch.nn.Module, state: dict[str, Any], adapter_only: bool) -> dict[str, Any]:
+    """With ``adapter_only``, only a PEFT adapter's weights (``lora_*``, ``modules_to_save``)."""
+    if not adapter_only:
+        return state
+    return {k: v for k, v in state.items() if "lora_" in k or "modules_to_save" in k}
+
+
+def save_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: torch.nn.Module,
+    output_dir: str | os.PathLike,
+    model_index: int = 0,
+    adapter_only: bool = False,
+) -> None:
+    """Save ``model``'s weights into ``output_dir`` in the plugin's layout (see the module doc).
+
+    Every rank must call it (the sharded layout writes from every rank, the full one gathers).
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    full = _layout(fsdp_plugin) == "FULL_STATE_DICT"
+    state = _adapter_keys(model, get_model_state_dict(model, options=_options(full)), adapter_only)
+    if full:
+        name = f"{FSDP_MODEL_NAME}.bin" if model_index == 0 else f"{FSDP_MODEL_NAME}_{model_index}.bin"
+        if accelerator.process_index == 0:
+            save_object(state, output / name)
+        accelerator.wait_for_everyone()
+        return
+    import torch.distributed.checkpoint as dcp
+
+    folder = output / f"{FSDP_MODEL_NAME}_{model_index}"
+    folder.mkdir(parents=True, exist_ok=True)
+    logger.info("saving model shards to %s", folder)
+    dcp.save({"model": state}, checkpoint_id=str(folder))
+
+
+def load_fsdp_model(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    model: torch.nn.Module,
+    input_dir: str | os.PathLike,
+    model_index: int = 0,
+    adapter_only: bool = False,
+) -> Any:
+    """Load what ``save_fsdp_model`` wrote into ``model`` (any number of processes for sharded files)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    accelerator.wait_for_everyone()
+    folder = Path(input_dir)
+    strict = not adapter_only
+    if _layout(fsdp_plugin) == "FULL_STATE_DICT":
+        name = f"{FSDP_MODEL_NAME}.bin" if model_index == 0 else f"{FSDP_MODEL_NAME}_{model_index}.bin"
+        distributed = accelerator.num_processes > 1
+        state = torch_load(folder / name) if accelerator.process_index == 0 or not distributed else {}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed, strict=strict)
+        return set_model_state_dict(model, state, options=options)
+    import torch.distributed.checkpoint as dcp
+
+    name = f"{FSDP_MODEL_NAME}_{model_index}"
+    source = folder if name in folder.name else folder / name
+    held = {"model": _adapter_keys(model, get_model_state_dict(model), adapter_only)}
+    dcp.load(held, checkpoint_id=str(source))
+    return set_model_state_dict(model, held["model"], options=StateDictOptions(strict=strict))
+
+
+def merge_fsdp_weights(
+    checkpoint_dir: str | os.PathLike,
+    output_path: str | os.PathLike,
+    safe_serialization: bool = True,
+    remove_checkpoint_dir: bool = False,
+) -> Path | None:
+    """Merge a sharded checkpoint folder into ``output_path/model.safetensors`` (or ``pytorch_model.bin``).
+
+    Runs on the main process (the others wait when a process group exists); works with no
+    process group at all, on CPU. Returns the merged file's path (None off the main process).
+
+    Raises:
+        ValueError: ``checkpoint_dir`` does not exist (pointing at a model or optimizer folder
+            inside it when there is one).
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    source = Path(checkpoint_dir)
+    if not source.exists():
+        hint = ""
+        for inner in (f"{FSDP_MODEL_NAME}_0", "optimizer_0"):
+            if (source / inner).exists():
+                hint = f"; pass {source / inner} instead"
+        raise ValueError(f"{source} holds no sharded checkpoint (no such folder){hint}")
+    if not (source / ".metadata").exists():
+        inner = source / f"{FSDP_MODEL_NAME}_0"
+        hint = f"; pass {inner} instead" if (inner / ".metadata").exists() else ""
+        raise ValueError(f"{source} is not a torch.distributed.checkpoint folder (no .metadata){hint}")
+    here = ProcessState.from_environment(cpu=True)
+    target: Path | None = None
+    if here.is_main_process:
+        out = Path(output_path)
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out) as scratch:
+            flat = Path(scratch) / "merged.pt"
+            dcp_to_torch_save(str(source), str(flat))
+            state = torch_load(flat)
+        if len(state) == 1 and isinstance(next(iter(state.values())), dict):
+            state = next(iter(state.values()))  # {"model": {...}} as save_fsdp_model writes it
+        target = out / (SAFE_WEIGHTS_NAME if safe_serialization else WEIGHTS_NAME)
+        save_object(state, target, safe_serialization=safe_serialization)
+        logger.info("merged %s into %s", source, target)
+        if remove_checkpoint_dir:
+            shutil.rmtree(source)
+    here.wait_for_everyone()
+    return target

@@ -1,0 +1,241 @@
+"""Accelerate's names that x exports: state views, ``is_*_available``, ``patch_environment``,
+``notebook_launcher``, the DDP extras, ``LocalSGD``, ``profile`` and the FSDP checkpoint functions.
+
+Multi-process behaviour runs on real processes: ``compat_names_worker.py`` under torchrun (gloo on
+CPU), and ``notebook_launcher`` forking its own workers through torch's elastic agent.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import time
+
+import pytest
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+import x_runtime
+from x_runtime import (
+    Accelerator,
+    AcceleratorState,
+    DDPCommunicationHookType,
+    DistributedDataParallelKwargs,
+    DistributedType,
+    GradientAccumulationPlugin,
+    GradientState,
+    LocalSGD,
+    PartialState,
+    ProfileKwargs,
+    merge_fsdp_weights,
+    notebook_launcher,
+    patch_environment,
+)
+
+# --- state views -------------------------------------------------------------------------------
+
+
+def test_partial_state_alone_reads_a_single_process() -> None:
+    state = PartialState(cpu=True)
+    assert (state.process_index, state.num_processes, state.local_process_index) == (0, 1, 0)
+    assert state.is_main_process and state.is_local_main_process and state.is_last_process
+    assert not state.use_distributed and state.initialized
+    assert state.distributed_type == DistributedType.NO and state.device.type == "cpu"
+    assert repr(state) == (
+        "Distributed environment: NO\nNum processes: 1\nProcess index: 0\nLocal process index: 0\nDevice: cpu\n"
+    )
+    with state.split_between_processes([1, 2, 3]) as share:
+        assert share == [1, 2, 3]
+    assert state.on_main_process(lambda: 1)() == 1
+    assert state.on_process(lambda: 2, process_index=0)() == 2
+    assert state.on_last_process(lambda: 3)() == 3
+    with state.main_process_first(), state.local_main_process_first():
+        state.wait_for_everyone()
+
+
+def test_accelerator_state_is_a_view_and_two_accelerators_stay_independent() -> None:
+    first, second = Accelerator(cpu=True), Accelerator(cpu=True, mixed_precision="bf16")
+    assert isinstance(first.state, AcceleratorState)
+    assert first.state.num_processes == first.num_processes == 1 and first.state.process_index == 0
+    assert first.state.world_size == 1 and first.state.rank == 0  # x's own names read through
+    assert (first.state.mixed_precision, second.state.mixed_precision) == ("no", "bf16")
+    first.state.distributed_type = DistributedType.FSDP
+    assert first.distributed_type == "FSDP" and second.state.distributed_type == DistributedType.NO
+    assert repr(second.state).endswith("Mixed precision type: bf16\n")
+    AcceleratorState._reset_state(reset_partial_state=True)  # nothing shared: nothing to reset
+    assert second.state.num_processes == 1
+
+
+def test_accelerator_state_alone_takes_the_launchers_mixed_precision() -> None:
+    with patch_environment(x_mixed_precision="bf16"):
+        assert AcceleratorState(cpu=True).mixed_precision == "bf16"
+    assert AcceleratorState(cpu=True, mixed_precision="no").mixed_precision == "no"
+
+
+def test_a_pickled_accelerator_keeps_its_state() -> None:
+    accelerator = Accelerator(cpu=True)
+    accelerator.prepare(torch.utils.data.DataLoader(list(range(8)), batch_size=2))
+    copy = pickle.loads(pickle.dumps(accelerator))
+    assert accelerator.state.__dict__ == copy.state.__dict__
+    assert copy.state.num_processes == 1
+
+
+def test_gradient_state_is_built_from_a_plugin_as_accelerate_builds_it() -> None:
+    state = GradientState(GradientAccumulationPlugin(num_steps=4, adjust_scheduler=False))
+    assert (state.num_steps, state.adjust_scheduler, state.sync_gradients) == (4, False, True)
+    GradientState._reset_state()
+    assert isinstance(Accelerator(cpu=True).gradient_state, GradientState)
+
+
+def test_distributed_type_compares_with_its_names() -> None:
+    assert PartialState(cpu=True).distributed_type == DistributedType.NO == "NO"
+    assert DistributedType.MULTI_CPU in ("MULTI_CPU",)
+
+
+# --- availability checks and patch_environment -----------------------------------------------------
+
+
+def test_availability_checks_answer_as_accelerate_does_on_a_cpu_machine() -> None:
+    cuda = torch.cuda.is_available()
+    assert x_runtime.is_cuda_available() is cuda
+    assert x_runtime.is_bf16_available() is (torch.cuda.is_bf16_supported() if cuda else True)
+    assert x_runtime.is_fp16_available() is True
+    assert x_runtime.is_rocm_available() is (torch.version.hip is not None and cuda)
+    for name in ("hpu", "npu", "mlu", "sdaa", "musa"):
+        assert getattr(x_runtime, f"is_{name}_available")() is False  # no vendor extension installed here
+    assert x_runtime.is_torch_xla_available() is False
+    assert x_runtime.is_pytest_available() is True
+    assert x_runtime.is_xpu_available() is bool(torch.xpu.is_available())
+    assert x_runtime.is_mps_available() is bool(torch.backends.mps.is_available())
+    for name in ("bnb", "datasets", "deepspeed", "transformers", "tensorboard", "wandb", "mlflow", "ipex"):
+        assert isinstance(getattr(x_runtime, f"is_{name}_available")(), bool)
+
+
+def test_patch_environment_sets_upper_cased_variables_and_restores_them(monkeypatch) -> None:
+    monkeypatch.setenv("X_PATCH_KEPT", "old")
+    with patch_environment(x_patch_kept=1, x_patch_new="v"):
+        assert (os.environ["X_PATCH_KEPT"], os.environ["X_PATCH_NEW"]) == ("1", "v")
+    assert os.environ["X_PATCH_KEPT"] == "old" and "X_PATCH_NEW" not in os.environ
+
+
+# --- prepare, DDP extras, LocalSGD and profile on one process ---------------------------------------
+
+
+def test_ddp_kwargs_keep_the_comm_hook_out_of_ddps_arguments() -> None:
+    kwargs = DistributedDataParallelKwargs(comm_hook="power_sgd", comm_wrapper=DDPCommunicationHookType.FP16)
+    assert kwargs.to_kwargs() == {}
+    assert kwargs.comm_hook_spec() == ("power_sgd", "fp16", {})
+    assert DistributedDataParallelKwargs().comm_hook_spec() is None
+    with pytest.raises(ValueError, match="comm_wrapper"):
+        DistributedDataParallelKwargs(comm_wrapper="power_sgd")
+
+
+def test_single_process_join_trigger_local_sgd_and_profile_do_nothing_harmful(tmp_path) -> None:
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(torch.nn.Linear(2, 1))
+    with accelerator.join_uneven_inputs([model], even_batches=False), accelerator.trigger_sync_in_backward(model):
+        model(torch.ones(1, 2)).sum().backward()
+    with LocalSGD(accelerator, model, local_sgd_steps=2) as local_sgd:
+        local_sgd.step()
+    assert not local_sgd.enabled and local_sgd.num_steps == 1
+    with accelerator.profile(ProfileKwargs(output_trace_dir=str(tmp_path), record_shapes=True)) as profiler:
+        model(torch.ones(1, 2))
+    assert (tmp_path / "profile_0.json").exists() and profiler.events()
+    with pytest.raises(ValueError, match="activities"):
+        ProfileKwargs(activities=["gpu"]).build()
+
+
+def test_merge_refuses_a_folder_that_is_not_a_checkpoint(tmp_path) -> None:
+    (tmp_path / "ckpt" / "pytorch_model_fsdp_0").mkdir(parents=True)
+    (tmp_path / "ckpt" / "pytorch_model_fsdp_0" / ".metadata").write_bytes(b"")
+    with pytest.raises(ValueError, match="pytorch_model_fsdp_0 instead"):
+        merge_fsdp_weights(tmp_path / "ckpt", tmp_path / "out")
+    with pytest.raises(ValueError, match="no such folder"):
+        merge_fsdp_weights(tmp_path / "missing", tmp_path / "out")
+
+
+# --- two real processes -------------------------------------------------------------------------------
+
+
+def test_accelerate_names_on_two_processes(workers) -> None:
+    ranks = workers("compat_names_worker.py", 2)
+    zero, one = ranks
+    assert zero["partial"] == [0, 2, 0, True] and one["partial"] == [1, 2, 1, False]
+    assert zero["state"] == [0, 2, False, True] and one["state"] == [1, 2, True, True]
+    assert zero["type_is_multi_cpu"] and zero["standalone_state_type"] == "MULTI_CPU"
+    assert zero["repr_head"] == ["Distributed environment: MULTI_CPU  Backend: gloo", "Num processes: 2"]
+    assert (zero["share"], one["share"]) == ([1, 2], [3])
+    assert (zero["main_only"], one["main_only"]) == ("ran", None)
+    # Join over gloo: rank 0 trains its second batch while rank 1, out of data, shadows it.
+    assert (zero["joined_batches"], one["joined_batches"]) == ([0, 1], [0])
+    assert zero["overridden"] is False and zero["restored"] is True
+    assert "only supported for multi-GPU" in zero["non_ddp_warning"][0]
+    assert zero["other_accelerator_unchanged"] == "MULTI_CPU"
+    # Inside no_sync each rank keeps its own gradient; trigger_sync_in_backward averages them.
+    assert (zero["grad_no_sync"], one["grad_no_sync"]) == ([[1.0, 1.0]], [[2.0, 2.0]])
+    assert zero["grad_triggered"] == one["grad_triggered"] == [[1.5, 1.5]]
+    assert zero["hook_registered"] and zero["hooked_grad"] == [[1.5, 1.5]]
+    # LocalSGD: ranks drift apart after one step, agree after the averaging at step 2.
+    assert zero["local_after_1"] != one["local_after_1"]
+    assert zero["local_after_2"] == one["local_after_2"]
+    assert zero["trace"] and one["trace"]
+    # FSDP next to the DDP accelerators: its own state, theirs unchanged.
+    assert zero["fsdp_type"] == "FSDP" and zero["first_type_after_fsdp"] == "MULTI_CPU"
+    assert zero["shards"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert zero["merged_equal"] is True
+    assert zero["loaded_equal"] and one["loaded_equal"]
+
+
+# --- notebook_launcher --------------------------------------------------------------------------------
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _where(out: str) -> None:
+    state = PartialState()
+    with open(os.path.join(out, f"rank{state.process_index}"), "w") as f:
+        f.write(f"{state.num_processes} {os.environ['X_MIXED_PRECISION']} {state.distributed_type}")
+
+
+def _even_ranks_fail(sleep: float) -> None:
+    if PartialState().process_index % 2 == 0:
+        raise RuntimeError("even ranks fail")
+    time.sleep(sleep)
+
+
+def _fail_until_restarted(out: str) -> None:
+    marker = os.path.join(out, f"tried{os.environ['RANK']}")
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first attempt fails")
+    _where(out)
+
+
+def test_notebook_launcher_one_process_runs_here() -> None:
+    assert notebook_launcher(lambda a: a + 1, (1,), num_processes=1) == 2
+    with pytest.raises(ValueError, match="num_processes"):
+        notebook_launcher(print)
+    with pytest.raises(ValueError, match="mixed_precision"):
+        notebook_launcher(print, num_processes=1, mixed_precision="fp64")
+
+
+def test_notebook_launcher_runs_two_processes(tmp_path) -> None:
+    notebook_launcher(_where, (str(tmp_path),), num_processes=2, mixed_precision="bf16", use_port=_free_port())
+    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["2 bf16 MULTI_CPU"] * 2
+
+
+def test_notebook_launcher_stops_every_rank_when_one_fails() -> None:
+    start = time.monotonic()
+    with pytest.raises(ChildFailedError, match="even ranks fail"):
+        notebook_launcher(_even_ranks_fail, (60,), num_processes=2, monitor_interval=0.01, use_port=_free_port())
+    assert time.monotonic() - start < 50
+
+
+def test_notebook_launcher_restarts_failed_workers(tmp_path) -> None:
+    notebook_launcher(_fail_until_restarted, (str(tmp_path),), num_processes=2, max_restarts=1, use_port=_free_port())
+    assert (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists()
