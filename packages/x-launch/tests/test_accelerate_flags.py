@@ -290,3 +290,25 @@ def test_merge_command_calls_x_runtime(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "x_runtime", fake)
     merge_command(merge_command_parser().parse_args(["ckpt", "out", "--unsafe_serialization"]))
     assert calls == [(("ckpt", "out"), {"safe_serialization": False, "remove_checkpoint_dir": False})]
+
+
+def _planned_processes(flags: dict, gpus: int, environ: dict | None = None) -> tuple[int, str]:
+    from x_launch.launch_plan import build_plan
+    from x_launch.resolve import resolve
+
+    settings = resolve(None, flags=flags, environ={})
+    plan = build_plan(settings, ["train.py"], environ=environ or {}, gpu_capabilities=[(9, 0)] * gpus)
+    return plan.settings.num_processes, plan.settings.source("num_processes")
+
+
+def test_num_processes_defaults_to_one_per_visible_gpu_as_accelerate_launch() -> None:
+    # accelerate launch --multi_gpu train.py on a 4-GPU node runs 4 processes; so does x-launch.
+    assert _planned_processes({"multi_gpu": True}, gpus=4) == (4, "one per visible GPU (4)")
+    assert _planned_processes({}, gpus=4)[0] == 4
+    assert _planned_processes({"gpu_ids": "0,2"}, gpus=4)[0] == 2
+    assert _planned_processes({}, gpus=4, environ={"CUDA_VISIBLE_DEVICES": "1,2,3"})[0] == 3
+    # What the user set wins; no GPU, one GPU or --cpu: one process.
+    assert _planned_processes({"num_processes": "3"}, gpus=4) == (3, "--num_processes")
+    assert _planned_processes({}, gpus=1)[0] == 1
+    assert _planned_processes({"multi_gpu": True}, gpus=0)[0] == 1
+    assert _planned_processes({"use_cpu": True}, gpus=4)[0] == 1

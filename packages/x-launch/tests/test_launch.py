@@ -237,7 +237,9 @@ def test_bf16_is_refused_only_where_every_gpu_predates_it(capabilities, refused)
 
     settings = resolve(None, {"mixed_precision": "bf16"}, environ={})
     if not refused:
-        assert build_plan(settings, ["t.py"], environ={}, gpu_capabilities=capabilities).engine == "python"
+        # Not refused (two GPUs also mean two processes now, as under accelerate launch).
+        plan = build_plan(settings, ["t.py"], environ={}, gpu_capabilities=capabilities)
+        assert plan.settings.mixed_precision == "bf16" and plan.settings.num_processes == max(len(capabilities), 1)
         return
     with pytest.raises(ConfigError) as caught:
         build_plan(settings, ["t.py"], environ={}, gpu_capabilities=capabilities)

@@ -23,7 +23,7 @@ from x_common import env
 from x_launch import slurm_plan
 from x_launch.config_file import ConfigError
 from x_launch.contract_env import contract_environment
-from x_launch.launch_config import LaunchConfig
+from x_launch.launch_config import LaunchConfig, Setting
 
 __all__ = ["LaunchPlan", "build_plan"]
 
@@ -78,6 +78,8 @@ def build_plan(
     if job is not None:
         settings = slurm_plan.derive(settings, job, environ)
         notes.append(slurm_plan.note(job))
+    else:
+        settings = _one_process_per_gpu(settings, environ, gpu_capabilities)
     procs, machines, rank = settings.num_processes, settings.num_machines, settings.machine_rank
     every_task_a_rank = job is not None and job.mode == slurm_plan.TASK  # srun may spread tasks unevenly
     if procs % machines and not every_task_a_rank:
@@ -230,6 +232,33 @@ def _on_cpu(settings: LaunchConfig) -> bool:
     from x_common.devices import nvml_compute_capabilities
 
     return not nvml_compute_capabilities()
+
+
+def _one_process_per_gpu(
+    settings: LaunchConfig, environ: Mapping[str, str], capabilities: list[tuple[int, int]] | None
+) -> LaunchConfig:
+    """``num_processes`` nothing set on one machine: one per visible GPU, as ``accelerate launch`` does.
+
+    So ``accelerate launch --multi_gpu train.py`` on an 8-GPU node starts 8 processes here too.
+    Visible: ``gpu_ids`` if given, else ``CUDA_VISIBLE_DEVICES``, else every GPU NVML sees.
+    Without GPUs (or with ``--cpu``) it stays 1.
+    """
+    if not settings.is_default("num_processes") or settings.num_machines != 1 or settings.use_cpu or settings.tpu:
+        return settings
+    if settings.distributed_type == "XLA":
+        return settings
+    if capabilities is None:
+        from x_common.devices import nvml_compute_capabilities
+
+        capabilities = nvml_compute_capabilities()
+    count = len(capabilities)
+    if count and str(settings.gpu_ids) != "all":
+        count = len([g for g in str(settings.gpu_ids).split(",") if g.strip()])
+    elif count and env.CUDA_VISIBLE_DEVICES.is_set(environ):
+        count = len([g for g in str(env.CUDA_VISIBLE_DEVICES.read(environ)).split(",") if g.strip()])
+    if count <= 1:
+        return settings
+    return settings.updated({"num_processes": Setting(count, f"one per visible GPU ({count})")})
 
 
 def _process_environment(settings: LaunchConfig, environ: Mapping[str, str]) -> dict[str, str]:
