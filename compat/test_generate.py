@@ -96,3 +96,17 @@ def test_known_gaps_match_by_script_mode_and_sub_test(tmp_path: Path) -> None:
     assert run.is_known(gaps, "test_ops.py", "torchrun-2", "test_gather(state)")
     assert run.is_known(gaps, "test_sync.py", "1", "a()")
     assert not run.is_known(gaps, "test_sync.py", "torchrun-2", "a()")
+
+
+def test_a_run_in_which_nothing_ran_fails(tmp_path: Path) -> None:
+    # A script that cannot start (here: one that does not exist) passes nothing on Accelerate:
+    # the run must fail rather than report "0 of 0" as a success.
+    done = subprocess.run(
+        [sys.executable, str(Path(run.__file__)), "--scripts", "no_such_script.py", "--modes", "1", "--out", "out"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "compat: Accelerate passed no sub-test in mode 1" in done.stdout
