@@ -73,13 +73,15 @@ def build_plan(
         ConfigError: settings that cannot describe a job, named with the fix.
     """
     environ = os.environ if environ is None else environ
+    # NVML is asked once: the GPU count, the CPU fallback and the bf16 check all read this list.
+    gpus = _gpu_capabilities() if gpu_capabilities is None else gpu_capabilities
     job = slurm_plan.detect(environ)
     notes: list[str] = []
     if job is not None:
         settings = slurm_plan.derive(settings, job, environ)
         notes.append(slurm_plan.note(job))
     else:
-        settings = _one_process_per_gpu(settings, environ, gpu_capabilities)
+        settings = _one_process_per_gpu(settings, environ, gpus)
     procs, machines, rank = settings.num_processes, settings.num_machines, settings.machine_rank
     every_task_a_rank = job is not None and job.mode == slurm_plan.TASK  # srun may spread tasks unevenly
     if procs % machines and not every_task_a_rank:
@@ -90,7 +92,7 @@ def build_plan(
         raise ConfigError(f"machine_rank {rank} must be below num_machines {machines} (ranks start at 0)")
     # fp16 with --cpu runs, as under accelerate launch: the runtime computes in fp32 and says so.
     if settings.mixed_precision == "bf16" and not settings.use_cpu and not settings.tpu:
-        _check_bf16(gpu_capabilities)
+        _check_bf16(gpus)
     if module and no_python:
         raise ConfigError("--module and --no_python contradict each other: pick one")
     if tee == "0":
@@ -100,7 +102,7 @@ def build_plan(
     if log_dir and os.path.exists(log_dir) and not os.path.isdir(log_dir):
         raise ConfigError(f"--log_dir {log_dir} is a file; give a folder (it is created if missing)")
     env_vars = contract_environment(settings)
-    env_vars.update(_process_environment(settings, environ))
+    env_vars.update(_process_environment(settings, environ, gpus))
     runner = [] if no_python else [python, *(["-m"] if module else [])]
     if settings.tpu or settings.distributed_type == "XLA":
         return _tpu_plan(
@@ -223,19 +225,24 @@ def _physical_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _on_cpu(settings: LaunchConfig) -> bool:
-    """Whether the processes train on CPU: ``--cpu``, or no NVIDIA GPU here (read through NVML)."""
+def _gpu_capabilities() -> list[tuple[int, int]]:
+    """The NVIDIA GPUs here, read through NVML without torch (empty without any)."""
+    from x_common.devices import nvml_compute_capabilities
+
+    return nvml_compute_capabilities()
+
+
+def _on_cpu(settings: LaunchConfig, gpus: list[tuple[int, int]]) -> bool:
+    """Whether the processes train on CPU: ``--cpu``, or no NVIDIA GPU here."""
     if settings.use_cpu:
         return True
     if settings.tpu or settings.distributed_type == "XLA":
         return False
-    from x_common.devices import nvml_compute_capabilities
-
-    return not nvml_compute_capabilities()
+    return not gpus
 
 
 def _one_process_per_gpu(
-    settings: LaunchConfig, environ: Mapping[str, str], capabilities: list[tuple[int, int]] | None
+    settings: LaunchConfig, environ: Mapping[str, str], gpus: list[tuple[int, int]]
 ) -> LaunchConfig:
     """``num_processes`` nothing set on one machine: one per visible GPU, as ``accelerate launch`` does.
 
@@ -243,15 +250,10 @@ def _one_process_per_gpu(
     Visible: ``gpu_ids`` if given, else ``CUDA_VISIBLE_DEVICES``, else every GPU NVML sees.
     Without GPUs (or with ``--cpu``) it stays 1.
     """
-    if not settings.is_default("num_processes") or settings.num_machines != 1 or settings.use_cpu or settings.tpu:
+    tpu = settings.tpu or settings.distributed_type == "XLA"
+    if not settings.is_default("num_processes") or settings.num_machines != 1 or tpu or _on_cpu(settings, gpus):
         return settings
-    if settings.distributed_type == "XLA":
-        return settings
-    if capabilities is None:
-        from x_common.devices import nvml_compute_capabilities
-
-        capabilities = nvml_compute_capabilities()
-    count = len(capabilities)
+    count = len(gpus)
     if count and str(settings.gpu_ids) != "all":
         count = len([g for g in str(settings.gpu_ids).split(",") if g.strip()])
     elif count and env.CUDA_VISIBLE_DEVICES.is_set(environ):
@@ -261,7 +263,9 @@ def _one_process_per_gpu(
     return settings.updated({"num_processes": Setting(count, f"one per visible GPU ({count})")})
 
 
-def _process_environment(settings: LaunchConfig, environ: Mapping[str, str]) -> dict[str, str]:
+def _process_environment(
+    settings: LaunchConfig, environ: Mapping[str, str], gpus: list[tuple[int, int]]
+) -> dict[str, str]:
     """What every process gets besides the contract: its GPUs and its CPU threads.
 
     ``gpu_ids`` other than ``all`` becomes ``CUDA_VISIBLE_DEVICES``. ``OMP_NUM_THREADS`` is
@@ -273,7 +277,7 @@ def _process_environment(settings: LaunchConfig, environ: Mapping[str, str]) -> 
     if settings.gpu_ids != "all":
         values[env.CUDA_VISIBLE_DEVICES.name] = settings.gpu_ids
     threads = settings.num_cpu_threads_per_process
-    if threads is None and not env.OMP_NUM_THREADS.is_set(environ) and _on_cpu(settings):
+    if threads is None and not env.OMP_NUM_THREADS.is_set(environ) and _on_cpu(settings, gpus):
         local = max(settings.num_processes // max(settings.num_machines, 1), 1)
         threads = max(_physical_cores() // local, 1)
     if threads is not None:
@@ -281,15 +285,11 @@ def _process_environment(settings: LaunchConfig, environ: Mapping[str, str]) -> 
     return values
 
 
-def _check_bf16(capabilities: list[tuple[int, int]] | None) -> None:
+def _check_bf16(capabilities: list[tuple[int, int]]) -> None:
     """Refuse bf16 when every GPU here predates it (compute capability below 8.0, e.g. V100, T4).
 
     Read through NVML, without torch; a machine without NVIDIA GPUs trains bf16 on its CPU.
     """
-    if capabilities is None:
-        from x_common.devices import nvml_compute_capabilities
-
-        capabilities = nvml_compute_capabilities()
     if capabilities and all(major < 8 for major, _ in capabilities):
         found = ", ".join(sorted({f"{major}.{minor}" for major, minor in capabilities}))
         raise ConfigError(

@@ -64,30 +64,8 @@ from x_runtime.state_views import AcceleratorState, GradientState, PartialState
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
 from x_runtime.strategies.fsdp_merge import load_fsdp_model, merge_fsdp_weights, save_fsdp_model
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
-from x_runtime.utils import (
-    is_bf16_available,
-    is_bnb_available,
-    is_cuda_available,
-    is_datasets_available,
-    is_deepspeed_available,
-    is_fp16_available,
-    is_hpu_available,
-    is_ipex_available,
-    is_mlflow_available,
-    is_mlu_available,
-    is_mps_available,
-    is_musa_available,
-    is_npu_available,
-    is_pytest_available,
-    is_rocm_available,
-    is_sdaa_available,
-    is_tensorboard_available,
-    is_torch_xla_available,
-    is_transformers_available,
-    is_wandb_available,
-    is_xpu_available,
-    patch_environment,
-)
+from x_runtime.utils import *  # noqa: F403 - the is_*_available checks, named once in utils.imports
+from x_runtime.utils import __all__ as _utils_names
 
 __all__ = [
     "AORecipeKwargs",
@@ -122,32 +100,10 @@ __all__ = [
     "gather",
     "gather_object",
     "get_logger",
-    "is_bf16_available",
-    "is_bnb_available",
-    "is_cuda_available",
-    "is_datasets_available",
-    "is_deepspeed_available",
-    "is_fp16_available",
-    "is_hpu_available",
-    "is_ipex_available",
-    "is_mlflow_available",
-    "is_mlu_available",
-    "is_mps_available",
-    "is_musa_available",
-    "is_npu_available",
-    "is_pytest_available",
-    "is_rocm_available",
-    "is_sdaa_available",
-    "is_tensorboard_available",
-    "is_torch_xla_available",
-    "is_transformers_available",
-    "is_wandb_available",
-    "is_xpu_available",
     "load_fsdp_model",
     "merge_fsdp_weights",
     "notebook_launcher",
     "pad_across_processes",
-    "patch_environment",
     "prepare_data_loader",
     "reduce",
     "release_memory",
@@ -159,3 +115,4 @@ __all__ = [
     "synchronize_rng_states",
     "verify_operation",
 ]
+__all__ += _utils_names

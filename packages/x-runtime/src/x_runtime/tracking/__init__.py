@@ -14,18 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "GeneralTracker",
-    "LoggerType",
-    "MLflowTracker",
-    "TensorBoardTracker",
-    "TrackerSpec",
-    "WandBTracker",
-    "available_trackers",
-    "build_trackers",
-    "filter_trackers",
-]
-
+# Public name -> the module defining it, imported on first use (backends load only when asked).
 _HOMES = {
     "GeneralTracker": "base",
     "LoggerType": "registry",
@@ -37,6 +26,7 @@ _HOMES = {
     "build_trackers": "registry",
     "filter_trackers": "registry",
 }
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name: str) -> Any:
