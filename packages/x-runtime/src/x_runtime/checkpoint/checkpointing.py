@@ -35,6 +35,7 @@ import torch
 from x_runtime.checkpoint.atomic import partial_dir_for, replace_dir, write_file_atomic
 from x_runtime.checkpoint.files import torch_load, torch_save
 from x_runtime.checkpoint.random_state import capture_rng_state, restore_rng_state
+from x_runtime.process.collectives import gather_object
 
 if TYPE_CHECKING:
     from x_runtime.process.state import ProcessState
@@ -183,12 +184,7 @@ def _agree(state: ProcessState, op: str, step: Callable[[], Any]) -> list[Any]:
     except Exception as error:  # reported to every rank below
         failure = error
         outcome = ("error", f"{type(error).__name__}: {error}")
-    if state.world_size > 1:
-        from x_runtime.process.collectives import gather_object
-
-        outcomes = gather_object([outcome])
-    else:
-        outcomes = [outcome]
+    outcomes = gather_object([outcome]) if state.world_size > 1 else [outcome]
     failed = [(r, text) for r, (kind, text) in enumerate(outcomes) if kind == "error"]
     if failed:
         if state.world_size == 1 and failure is not None:
