@@ -1,20 +1,18 @@
 """Accelerate's names that x exports: state views, ``is_*_available``, ``patch_environment``,
-``notebook_launcher``, the DDP extras, ``LocalSGD``, ``profile`` and the FSDP checkpoint functions.
+the DDP extras, ``LocalSGD``, ``profile`` and the FSDP checkpoint functions (``notebook_launcher``
+has test_notebook_launcher.py).
 
 Multi-process behaviour runs on real processes: ``compat_names_worker.py`` under torchrun (gloo on
-CPU), and ``notebook_launcher`` forking its own workers through torch's elastic agent.
+CPU).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import socket
-import time
 
 import pytest
 import torch
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 import x_runtime
 from x_runtime import (
@@ -29,7 +27,6 @@ from x_runtime import (
     PartialState,
     ProfileKwargs,
     merge_fsdp_weights,
-    notebook_launcher,
     patch_environment,
 )
 
@@ -185,57 +182,3 @@ def test_accelerate_names_on_two_processes(workers) -> None:
     assert zero["shards"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert zero["merged_equal"] is True
     assert zero["loaded_equal"] and one["loaded_equal"]
-
-
-# --- notebook_launcher --------------------------------------------------------------------------------
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def _where(out: str) -> None:
-    state = PartialState()
-    with open(os.path.join(out, f"rank{state.process_index}"), "w") as f:
-        f.write(f"{state.num_processes} {os.environ['X_MIXED_PRECISION']} {state.distributed_type}")
-
-
-def _even_ranks_fail(sleep: float) -> None:
-    if PartialState().process_index % 2 == 0:
-        raise RuntimeError("even ranks fail")
-    time.sleep(sleep)
-
-
-def _fail_until_restarted(out: str) -> None:
-    marker = os.path.join(out, f"tried{os.environ['RANK']}")
-    if not os.path.exists(marker):
-        open(marker, "w").close()
-        raise RuntimeError("first attempt fails")
-    _where(out)
-
-
-def test_notebook_launcher_one_process_runs_here() -> None:
-    assert notebook_launcher(lambda a: a + 1, (1,), num_processes=1) == 2
-    with pytest.raises(ValueError, match="num_processes"):
-        notebook_launcher(print)
-    with pytest.raises(ValueError, match="mixed_precision"):
-        notebook_launcher(print, num_processes=1, mixed_precision="fp64")
-
-
-def test_notebook_launcher_runs_two_processes(tmp_path) -> None:
-    notebook_launcher(_where, (str(tmp_path),), num_processes=2, mixed_precision="bf16", use_port=_free_port())
-    assert [(tmp_path / f"rank{r}").read_text() for r in range(2)] == ["2 bf16 MULTI_CPU"] * 2
-
-
-def test_notebook_launcher_stops_every_rank_when_one_fails() -> None:
-    start = time.monotonic()
-    with pytest.raises(ChildFailedError, match="even ranks fail"):
-        notebook_launcher(_even_ranks_fail, (60,), num_processes=2, monitor_interval=0.01, use_port=_free_port())
-    assert time.monotonic() - start < 50
-
-
-def test_notebook_launcher_restarts_failed_workers(tmp_path) -> None:
-    notebook_launcher(_fail_until_restarted, (str(tmp_path),), num_processes=2, max_restarts=1, use_port=_free_port())
-    assert (tmp_path / "rank0").exists() and (tmp_path / "rank1").exists()

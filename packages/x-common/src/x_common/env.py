@@ -219,6 +219,9 @@ _ACCELERATE: dict[str, tuple[Fallback, ...]] = {
 
 # --- set by x-launch, read by x_runtime ---------------------------------------------------
 LAUNCHED_BY_X = _var("LAUNCHED", Bool(), False, "set by x-launch in every process it starts")
+NOTEBOOK_WORKER = _var(
+    "NOTEBOOK_WORKER", Bool(), False, "set by notebook_launcher in each worker: joining fails fast if a peer returned"
+)
 CONFIG_FILE = _var("CONFIG_FILE", Str(), None, "launch config file to use instead of the default location")
 DISTRIBUTED_TYPE = _var("DISTRIBUTED_TYPE", Choice(DISTRIBUTED_TYPES), None, "strategy chosen by the launcher")
 MIXED_PRECISION = _var("MIXED_PRECISION", Choice(MIXED_PRECISIONS), "no", "autocast dtype for the prepared model")

@@ -8,10 +8,23 @@ under torchrun. The agent restarts the workers up to ``max_restarts`` times and 
 when one fails; the failure comes back as torch's ``ChildFailedError``, naming the rank and its
 error. Forking a parent that already initialised CUDA, or that is in a process group, would hand
 the children state they cannot use, so that is refused before anything starts.
+
+torch's agent installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in this process before it
+forks, and never takes them back. Forked workers would inherit a Python-level SIGTERM handler,
+which runs only when the main thread returns to the interpreter: a worker blocked in C++ (a gloo
+rendezvous with a rank that already failed) then ignores the agent's SIGTERM, and each restart
+stalls for torch's 30 s grace period before SIGKILL. Workers therefore get the default SIGTERM
+(die at once) and the caller's own handlers for the rest; the caller's handlers come back here
+when the launch ends. A worker whose function returns tells the others (``process/peer_exit``):
+a rank still joining the group then fails in one line instead of waiting 30 minutes for it.
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
+import threading
 from collections.abc import Callable
 from dataclasses import fields
 from typing import Any
@@ -20,12 +33,42 @@ import torch
 import torch.distributed as dist
 
 from x_common import env
+from x_runtime.process.peer_exit import mark_returned
 from x_runtime.utils.environment import patch_environment
 from x_runtime.utils.imports import is_cuda_available
 
 __all__ = ["notebook_launcher"]
 
 _PRECISIONS = ("no", "fp16", "bf16", "fp8")
+# The signals torch's agent takes over (its TORCHELASTIC_SIGNALS_TO_HANDLE default).
+_AGENT_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, name)
+)
+
+
+def _handlers_now() -> dict[signal.Signals, Any]:
+    handlers = {sig: signal.getsignal(sig) for sig in _AGENT_SIGNALS}
+    return {sig: handler for sig, handler in handlers.items() if handler is not None}
+
+
+def _restore(handlers: dict[signal.Signals, Any]) -> None:
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def _as_worker(function: Callable[..., Any], caller_handlers: dict[signal.Signals, Any]) -> Callable[..., Any]:
+    """``function`` as a forked worker runs it: the caller's signal handlers, SIGTERM's default."""
+
+    @functools.wraps(function)
+    def worker(*args: Any) -> Any:
+        _restore(caller_handlers)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.environ[env.NOTEBOOK_WORKER.name] = "1"
+        result = function(*args)
+        mark_returned(os.environ, int(os.environ.get("RANK", "0")))
+        return result
+
+    return worker
 
 
 def notebook_launcher(
@@ -116,5 +159,11 @@ def notebook_launcher(
     config = LaunchConfig(**{k: v for k, v in options.items() if k in known})
     where = {env.MASTER_ADDR.name: master_addr, env.MASTER_PORT.name: use_port, env.MIXED_PRECISION.name: mode}
     print(f"Launching training on {num_processes} {'GPU' if is_cuda_available() else 'CPU'}s.")
-    with patch_environment(**where):
-        return elastic_launch(config=config, entrypoint=function)(*args)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    caller_handlers = _handlers_now() if in_main_thread else {}
+    try:
+        with patch_environment(**where):
+            return elastic_launch(config=config, entrypoint=_as_worker(function, caller_handlers))(*args)
+    finally:
+        if in_main_thread:
+            _restore(caller_handlers)

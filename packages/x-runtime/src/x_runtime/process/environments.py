@@ -41,6 +41,7 @@ import torch.distributed as dist
 from x_common import env
 from x_common.process_env import ProcessEnv, process_env
 from x_runtime.process.distributed_type import SHARDED, DistributedType
+from x_runtime.process.peer_exit import await_peers
 
 __all__ = [
     "ENVIRONMENTS",
@@ -194,6 +195,8 @@ class _TorchEnvironment:
         joins = where.is_distributed or ((request.sharded or request.asked in SHARDED) and launched)
         backend = (request.backend or _default_backend(device)) if joins else None
         owns = False
+        if joins and not dist.is_initialized() and env.NOTEBOOK_WORKER.read(request.environ):
+            await_peers(request.environ, where.rank, where.world_size, request.group_timeout())
         if joins:
             owns = join_group(
                 backend=backend,
