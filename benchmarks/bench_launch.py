@@ -161,14 +161,17 @@ def check_no_torch(args: list[str], env: dict[str, str], cwd: Path) -> dict:
 
 
 def torchrun_of(dry_run_output: str) -> list[str]:
-    """The engine command x-launch prints in --dry-run, its master port replaced by "{port}"."""
+    """The engine command x-launch prints in --dry-run, a master port in it replaced by "{port}"."""
     line = next((x for x in dry_run_output.splitlines() if x.startswith("command: ")), None)
     if line is None or "engine: torchrun" not in dry_run_output:
         sys.exit(f"x-launch --dry-run shows no torchrun command:\n{dry_run_output}")
     argv = shlex.split(line.removeprefix("command: "))
-    if "--master-port" not in argv or "torch.distributed.run" not in argv:
+    if "torch.distributed.run" not in argv:
         sys.exit(f"unexpected engine command, update this benchmark: {line}")
-    argv[argv.index("--master-port") + 1] = "{port}"
+    if "--master-port" in argv:
+        argv[argv.index("--master-port") + 1] = "{port}"
+    elif "--standalone" not in argv:  # standalone: torchrun binds a free port itself
+        sys.exit(f"unexpected engine command, update this benchmark: {line}")
     return argv
 
 
@@ -259,7 +262,7 @@ def main() -> None:
         cli.update({name: [x_launch, *argv] for name, argv in x_args.items()})
         launch_commands = {
             TORCHRUN: torchrun,
-            X_LAUNCH: [x_launch, "--num_processes", "2", "--cpu", "--main_process_port", "{port}", "barrier.py"],
+            X_LAUNCH: [x_launch, "--num_processes", "2", "--cpu", "barrier.py"],  # a free port, as by default
         }
         if accelerate is not None:
             cli[ACC_HELP] = [accelerate, "--help"]

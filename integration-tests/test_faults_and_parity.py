@@ -3,7 +3,8 @@
 - One training run on 1, 2 and 3 processes ends with the same weights (``workers/train_parity.py``).
 - SIGKILL while ``save_state`` writes a checkpoint leaves only complete checkpoints for
   ``load_state``; the resumed run ends bit for bit where an uninterrupted one does
-  (``workers/train_checkpoints.py``).
+  (``workers/train_checkpoints.py``); so does a run whose rank dies once mid-epoch and that
+  ``x-launch --max_restarts 1`` restarts, resuming from the latest complete checkpoint.
 - A rank killed inside an Accelerator training loop (its peer blocked in a gradient all-reduce,
   unlike the sleeping workers of ``packages/x-launch/tests/test_faults.py``), and SIGTERM to
   x-launch during such a loop, stop the whole job (``workers/train_forever.py``).
@@ -223,6 +224,32 @@ def test_a_kill_inside_save_state_leaves_the_previous_checkpoint_and_resumes_exa
     assert got.keys() == expected.keys()
     differ = [name for name in expected if not torch.equal(got[name], expected[name])]
     assert not differ, f"the resumed run ended with other weights: {differ}"
+
+
+def test_a_rank_that_dies_once_is_restarted_and_the_job_ends_with_the_uninterrupted_weights(
+    tmp_path: Path, launch_env
+) -> None:
+    worker = "train_checkpoints.py"
+    reference = _run(
+        _x_launch(2, worker, tmp_path / "reference", tmp_path / "reference.safetensors"), launch_env(tmp_path)
+    )
+    assert "trained 24 steps" in reference.stdout
+    marker = tmp_path / "died"
+    argv = _x_launch(2, worker, tmp_path / "restarted", tmp_path / "restarted.safetensors", "--resume-if-any")
+    # Rank 1 dies after step 13, between checkpoint_1 (step 10) and checkpoint_2 (step 15).
+    argv = [argv[0], "--max_restarts", "1", *argv[1:], "--die-at-step", "13", "--die-marker", str(marker)]
+    restarted = _run(argv, launch_env(tmp_path), timeout=300)
+    assert marker.read_text() == "died once"
+    assert "x-launch: local rank 1 exited with code 17; torchrun restarts every rank" in restarted.stderr
+    seen = sorted(re.findall(r"rank (\d+): resumed from (\S+) at step (\d+)", restarted.stdout))
+    assert seen == [(str(rank), "checkpoint_1", "10") for rank in (0, 1)], restarted.stdout
+    assert "trained 24 steps" in restarted.stdout
+
+    expected = load_file(tmp_path / "reference.safetensors")
+    got = load_file(tmp_path / "restarted.safetensors")
+    assert got.keys() == expected.keys()
+    differ = [name for name in expected if not torch.equal(got[name], expected[name])]
+    assert not differ, f"the restarted run ended with other weights: {differ}"
 
 
 # --- 3 and 4. a dying rank, a stopped launcher ----------------------------------------------------

@@ -1,7 +1,8 @@
 """Train with a checkpoint every few steps; optionally stall inside one save, or resume from the latest.
 
     x-launch [--num_processes N --cpu] train_checkpoints.py PROJECT_DIR OUT.safetensors
-        [--resume] [--stall-in-save N --stall-marker PATH]
+        [--resume | --resume-if-any] [--stall-in-save N --stall-marker PATH]
+        [--die-at-step N --die-marker PATH]
 
 Checkpoints are ``PROJECT_DIR/checkpoints/checkpoint_<n>`` (automatic naming), one every
 ``--save-every`` optimizer steps, so most of them fall in the middle of an epoch. The loader is
@@ -12,12 +13,16 @@ every rank's generator back.
 ``--stall-in-save N``: while ``checkpoint_N`` is being written (its hidden in-progress folder
 already holds the weights and the optimizer), the main process writes its pid to
 ``--stall-marker`` and sleeps, so that a test can kill it there. ``--resume`` loads the latest
-complete checkpoint with ``load_state()`` before training. Rank 0 writes the final weights to OUT.
+complete checkpoint with ``load_state()`` before training; ``--resume-if-any`` does so when
+there is one (how a script restarted by ``x-launch --max_restarts`` picks up where it stopped).
+``--die-at-step N``: rank 1 exits at once (code 17) after optimizer step N, the first time only
+(``--die-marker`` records that it did). Rank 0 writes the final weights to OUT.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -58,6 +63,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--save-every", type=int, default=5)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--resume-if-any", action="store_true")
+    parser.add_argument("--die-at-step", type=int)
+    parser.add_argument("--die-marker")
     parser.add_argument("--stall-in-save", type=int)
     parser.add_argument("--stall-marker")
     args = parser.parse_args()
@@ -79,8 +87,13 @@ def main() -> None:
     progress = Progress(args.save_every, args.stall_in_save, args.stall_marker)
     accelerator.register_for_checkpointing(progress)
 
+    folder = None
     if args.resume:
         folder = accelerator.load_state()
+    elif args.resume_if_any:
+        with contextlib.suppress(FileNotFoundError):  # the first start: nothing saved yet
+            folder = accelerator.load_state()  # the latest complete checkpoint
+    if folder is not None:
         # One write per line: the ranks share stdout, and print() writes the end of line separately.
         sys.stdout.write(
             f"rank {accelerator.process_index}: resumed from {Path(folder).name} at step {progress.step}\n"
@@ -96,6 +109,10 @@ def main() -> None:
             progress.step += 1
             if progress.step % args.save_every == 0:
                 accelerator.save_state()
+            dies = args.die_at_step == progress.step and accelerator.process_index == 1
+            if dies and not Path(args.die_marker).exists():
+                Path(args.die_marker).write_text("died once")
+                os._exit(17)  # as a crash: no clean-up, no exception to catch
     accelerator.print(f"trained {progress.step} steps")
     weights = accelerator.get_state_dict(model)
     accelerator.save({k: v.detach().contiguous() for k, v in weights.items()}, args.out, safe_serialization=True)

@@ -55,7 +55,6 @@ CPU_DEFAULTS = {
     "num_machines": 1,
     "num_processes": 1,
     "machine_rank": 0,
-    "main_process_port": 29500,
     "rdzv_backend": "static",
     "gpu_ids": "all",
     "mixed_precision": "no",

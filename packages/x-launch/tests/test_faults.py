@@ -142,8 +142,9 @@ def test_a_signal_to_x_launch_leaves_no_process_behind(start, tmp_path: Path, si
     while _alive(tree) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _alive(tree) == set(), f"left behind after {sig.name}: {sorted(_alive(tree))}"
-    # A stop the user asked for is not reported as a failing rank.
+    # A stop the user asked for is not reported as a failing rank, and exits as a shell reports it.
     assert "x-launch: rank" not in stderr
+    assert proc.returncode == (128 + sig if sig != signal.SIGKILL else -signal.SIGKILL)
 
 
 SUMMARY = """

@@ -100,7 +100,7 @@ def test_outside_slurm_the_plan_is_the_usual_one() -> None:
     plan = plan_for({}, "--num_processes", "2", "--cpu")
     assert plan.notes == []
     assert all(s.source != slurm_plan.SOURCE for s in plan.settings.values())
-    assert "--master-addr 127.0.0.1 --master-port 29500" in " ".join(plan.argv)
+    assert "--nnodes 1 --nproc-per-node 2 --standalone" in " ".join(plan.argv)  # a free port, as always on one machine
 
 
 # --- (a) srun with one task per node: torchrun on every node -------------------------------------
@@ -125,6 +125,8 @@ def test_one_task_per_node_runs_torchrun_with_slurms_layout() -> None:
         "23456",
         "--max-restarts",
         "0",
+        "--rdzv-conf",
+        "timeout=600",
         "--log-dir",
         plan.scratch_logs,
         "--tee",

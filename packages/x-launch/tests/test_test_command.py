@@ -59,6 +59,22 @@ def test_one_process_runs_the_checks_without_torchrun(x_launch) -> None:
 
 
 def test_a_launch_that_cannot_rendezvous_fails_naming_the_launch(x_launch, tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # Machine 1 never comes: the rendezvous ends after --rdzv_timeout and the engine exits.
+    config = tmp_path / "alone.yaml"
+    config.write_text(
+        "num_processes: 2\nnum_machines: 2\nmachine_rank: 0\nmain_process_ip: 127.0.0.1\n"
+        f"main_process_port: {port}\nuse_cpu: true\nrdzv_timeout: 3\n"
+    )
+    result = x_launch("--config_file", str(config))
+    assert result.returncode == 1
+    assert "x-launch test: FAILED at launch: the engine exited" in result.stdout
+    assert "ranks [0, 1] did not report" in result.stdout
+
+
+def test_a_busy_port_in_the_config_is_one_line_and_starts_nothing(x_launch, tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -66,9 +82,11 @@ def test_a_launch_that_cannot_rendezvous_fails_naming_the_launch(x_launch, tmp_p
         config = tmp_path / "busy.yaml"
         config.write_text(f"num_processes: 2\nuse_cpu: true\nmain_process_port: {port}\n")
         result = x_launch("--config_file", str(config))
-    assert result.returncode == 1
-    assert "x-launch test: FAILED at launch: the engine exited" in result.stdout
-    assert "ranks [0, 1] did not report" in result.stdout
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"Error: port {port} on 127.0.0.1 is in use (pid {os.getpid()}); pass --main_process_port 0 for a free one"
+    ]
+    assert "x-launch test:" not in result.stdout
 
 
 def test_an_invalid_config_is_one_line_and_starts_nothing(x_launch, tmp_path: Path) -> None:

@@ -107,7 +107,6 @@ def config_default(config_file: Path | None, force: bool) -> None:
         "num_machines": 1,
         "num_processes": max(gpus, 1),
         "machine_rank": 0,
-        "main_process_port": 29500,
         "rdzv_backend": "static",
         "gpu_ids": "all",
         "mixed_precision": "no",
@@ -167,7 +166,6 @@ def test_command(config_file: Path | None, num_processes: str | None, use_cpu: b
       x-launch test --num_processes 2 --cpu
     """
     from x_launch.config_file import find_config, load_config
-    from x_launch.launch_config import Setting
     from x_launch.launch_plan import build_plan
     from x_launch.resolve import resolve
     from x_launch.test_command import run_self_check
@@ -176,9 +174,6 @@ def test_command(config_file: Path | None, num_processes: str | None, use_cpu: b
     settings = resolve(
         load_config(path) if path is not None else None, {"num_processes": num_processes, "use_cpu": use_cpu}
     )
-    if settings.is_default("main_process_port") and settings.num_machines == 1:
-        # A self-check on one machine must not fail because port 29500 is taken by another job.
-        settings = settings.updated({"main_process_port": Setting(0, "x-launch test (a free port)")})
     # Built once before starting anything: a bad config is one line; SLURM may change the world size.
     probe = build_plan(settings, ["x_launch.selfcheck"], module=True)
     world = probe.settings.num_processes
@@ -311,6 +306,10 @@ def launch(
         raise ConfigError(f"--tee {tee}: expected 0, 1, 2, 3 (none, stdout, stderr, both) or per rank, e.g. 0:3,1:2")
     if no_python:
         pass  # an executable on PATH or a path: torchrun and the OS find it
+    elif not module and Path(target[0]).is_dir():
+        raise ConfigError(
+            f"{target[0]} is a folder, not a script: give the script inside it, e.g. {target[0]}/train.py"
+        )
     elif not module and not Path(target[0]).is_file():
         raise ConfigError(f"script {target[0]} does not exist (to run a module, use -m {target[0]})")
     path, _ = find_config(config_file)
@@ -338,7 +337,7 @@ def _is_launch(args: list[str]) -> bool:
     """Whether argv asks to launch something rather than to run a subcommand."""
     if not args or args[0] in ("-h", "--help", "--version") or args[0] in _cli.commands:
         return False
-    return args[0].startswith("-") or args[0].endswith(".py") or Path(args[0]).is_file()
+    return args[0].startswith("-") or args[0].endswith(".py") or Path(args[0]).exists()
 
 
 def main(argv: list[str] | None = None) -> None:

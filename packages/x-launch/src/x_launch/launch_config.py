@@ -95,7 +95,7 @@ class LaunchConfig(Mapping[str, Setting]):
     main_process_port: int = option(
         Int(minimum=0, maximum=65535),
         29500,
-        doc="rendezvous port; 0 picks a free one",
+        doc="rendezvous port; 0 or unset on one machine: a free one",
         cli=_cli("main_process_port"),
         question="Port on that machine (0 picks a free one)?",
     )
@@ -110,6 +110,18 @@ class LaunchConfig(Mapping[str, Setting]):
         Int(minimum=0), 0, doc="restarts of the whole group after a failure", cli=_cli("max_restarts")
     )
     rdzv_conf: str | None = option(Str(), None, doc="torchrun --rdzv-conf (key=value,...)", cli=_cli("rdzv_conf"))
+    rdzv_timeout: int = option(
+        Int(minimum=1),
+        600,
+        doc="seconds the machines may take to meet before the launch fails (torch's default, 600)",
+        cli=_cli("rdzv_timeout"),
+    )
+    max_cpu_processes: int | None = option(
+        Int(minimum=1),
+        None,
+        doc="CPU processes one machine may start; default 8 per logical core",
+        cli=_cli("max_cpu_processes"),
+    )
     monitor_interval: float | None = option(
         Float(minimum=0.0), None, doc="seconds between torchrun's checks of its workers", cli=_cli("monitor_interval")
     )

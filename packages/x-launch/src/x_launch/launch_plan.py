@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from x_common import env
-from x_launch import slurm_plan
+from x_launch import preflight, slurm_plan
 from x_launch.config_file import ConfigError
 from x_launch.contract_env import contract_environment
 from x_launch.launch_config import LaunchConfig, Setting
@@ -123,16 +123,18 @@ def build_plan(
         env_vars.update(slurm_plan.rank_environment(job, settings))
         argv = [*runner, *target]
         return LaunchPlan(argv, env_vars, "python", settings, notes)
+    if job is None:
+        _check_counts(settings, environ, gpus)
     if procs == 1 and machines == 1:
         argv = [*runner, *target]
         return LaunchPlan(argv, env_vars, "python", settings, notes)
     ip, port = settings.main_process_ip, settings.main_process_port
     if machines > 1 and not ip:
         raise ConfigError("a multi-machine launch needs --main_process_ip, the address of machine 0")
-    if port == 0:
-        if machines > 1:
-            raise ConfigError("--main_process_port 0 works on one machine only; give every machine the same port")
-        port = _free_port()
+    if port == 0 and machines > 1:
+        raise ConfigError("--main_process_port 0 works on one machine only; give every machine the same port")
+    if machines > 1 and job is None:
+        preflight.resolve_host(ip)
     host = ip or "127.0.0.1"
     argv = [
         python,
@@ -143,12 +145,22 @@ def build_plan(
         "--nproc-per-node",
         str(procs // machines),
     ]
-    if settings.rdzv_backend == "c10d":
+    # One machine and no port asked for: torchrun's agent binds port 0 itself and keeps it, so two
+    # launches started at the same instant cannot pick the same port (a port probed and released
+    # here could be taken by the other before torchrun binds it).
+    standalone = machines == 1 and (port == 0 or settings.is_default("main_process_port"))
+    if standalone:
+        argv += ["--standalone"]
+    elif settings.rdzv_backend == "c10d":
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", f"x-{port}"]
     else:
+        if rank == 0:
+            preflight.check_port(host, port)
         argv += ["--node-rank", str(rank), "--master-addr", host, "--master-port", str(port)]
     argv += ["--max-restarts", str(settings.max_restarts)]
-    for flag, value in (("--rdzv-conf", settings.rdzv_conf), ("--role", settings.role)):
+    static = settings.rdzv_backend != "c10d" and not standalone
+    rdzv_conf = _with_timeout(settings, "timeout" if static else "join_timeout")
+    for flag, value in (("--rdzv-conf", rdzv_conf), ("--role", settings.role)):
         if value is not None:
             argv += [flag, value]
     if settings.monitor_interval is not None:
@@ -225,6 +237,38 @@ def _physical_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _with_timeout(settings: LaunchConfig, key: str) -> str:
+    """``--rdzv_conf`` with the rendezvous timeout under the name the backend reads, unless it names one."""
+    given = settings.rdzv_conf or ""
+    keys = {part.split("=", 1)[0].strip() for part in given.split(",") if part.strip()}
+    if key in keys:
+        if not settings.is_default("rdzv_timeout"):
+            raise ConfigError(f"--rdzv_timeout and --rdzv_conf {key}=... both set the rendezvous timeout: give one")
+        return given
+    return ",".join(part for part in (given, f"{key}={settings.rdzv_timeout}") if part)
+
+
+def _check_counts(settings: LaunchConfig, environ: Mapping[str, str], gpus: list[tuple[int, int]]) -> None:
+    """Refuse process counts this machine cannot run (SLURM's own counts are checked against the job)."""
+    if settings.tpu or settings.distributed_type == "XLA":
+        return
+    per_machine = settings.num_processes // max(settings.num_machines, 1)
+    if _on_cpu(settings, gpus):
+        preflight.check_cpu_processes(per_machine, settings.max_cpu_processes)
+    else:
+        preflight.check_gpu_processes(per_machine, _visible_gpus(settings, environ, gpus))
+
+
+def _visible_gpus(settings: LaunchConfig, environ: Mapping[str, str], gpus: list[tuple[int, int]]) -> int:
+    """GPUs the processes may use: ``gpu_ids`` if given, else ``CUDA_VISIBLE_DEVICES``, else all NVML sees."""
+    count = len(gpus)
+    if count and str(settings.gpu_ids) != "all":
+        return len([g for g in str(settings.gpu_ids).split(",") if g.strip()])
+    if count and env.CUDA_VISIBLE_DEVICES.is_set(environ):
+        return len([g for g in str(env.CUDA_VISIBLE_DEVICES.read(environ)).split(",") if g.strip()])
+    return count
+
+
 def _gpu_capabilities() -> list[tuple[int, int]]:
     """The NVIDIA GPUs here, read through NVML without torch (empty without any)."""
     from x_common.devices import nvml_compute_capabilities
@@ -253,11 +297,7 @@ def _one_process_per_gpu(
     tpu = settings.tpu or settings.distributed_type == "XLA"
     if not settings.is_default("num_processes") or settings.num_machines != 1 or tpu or _on_cpu(settings, gpus):
         return settings
-    count = len(gpus)
-    if count and str(settings.gpu_ids) != "all":
-        count = len([g for g in str(settings.gpu_ids).split(",") if g.strip()])
-    elif count and env.CUDA_VISIBLE_DEVICES.is_set(environ):
-        count = len([g for g in str(env.CUDA_VISIBLE_DEVICES.read(environ)).split(",") if g.strip()])
+    count = _visible_gpus(settings, environ, gpus)
     if count <= 1:
         return settings
     return settings.updated({"num_processes": Setting(count, f"one per visible GPU ({count})")})

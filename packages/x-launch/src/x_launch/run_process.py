@@ -3,7 +3,9 @@
 torchrun's agent already stops every worker when one fails and when it is told to stop; the
 launcher makes sure the signal reaches it, that the agent dies with the launcher even if the
 launcher is killed outright (Linux: parent-death signal), and that a failure ends with one
-plain summary: which rank, its exit code or signal, and the last lines of its log.
+plain summary: which rank, its exit code or signal, and the last lines of its log. The agent's
+own lines (its logging and its ChildFailedError traceback) are kept out of the terminal: in
+``--log_dir``'s torchrun.log, and shown as they come with ``--debug``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from types import FrameType
 
 from x_launch.launch_plan import LaunchPlan
 
-__all__ = ["RankFailure", "describe_failure", "parse_root_cause", "run_plan"]
+__all__ = ["RankFailure", "agent_failure", "describe_failure", "parse_root_cause", "run_plan"]
 
 TAIL_LINES = 15
 _ROOT_CAUSE = re.compile(
@@ -138,52 +140,152 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _pump(stream: Iterable[bytes], keep: collections.deque[str]) -> None:
+# torchrun prefixes each line it copies from a worker with the worker's name, e.g. "[default0]:".
+_WORKER_LINE = re.compile(rb"^\[[A-Za-z_][A-Za-z0-9_.\-]*?\d+\]:")
+# The last line of a Python traceback: "SomeError: message" (torchrun's own failures end so).
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(?P<type>\w*(?:Error|Exception|Timeout)\w*)(?:: ?(?P<message>.*))?$")
+# What the agent raises when the machines do not all arrive within the rendezvous timeout.
+_NOT_MET = ("Rendezvous", "DistStoreError", "waiting for clients")
+
+
+# The agent's line for each worker that fails, restarts or not.
+_WORKER_FAILED = re.compile(r"failed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+)")
+
+
+def _pump(
+    stream: Iterable[bytes],
+    keep: collections.deque[str],
+    show_agent: bool,
+    agent_log: Path | None,
+    restarts: int = 0,
+) -> None:
+    """Workers' lines to the terminal; the agent's own (its logging, its tracebacks) kept aside.
+
+    The agent's lines are read for the failure summary and written to ``agent_log``; they reach
+    the terminal only with ``show_agent`` (``--debug``). With ``restarts``, each failure of a
+    worker is said as it happens, since the group may restart and the job still succeed.
+    """
     out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
-    for raw in stream:
-        if out is not None:
-            out.write(raw)
-            out.flush()
-        else:
-            sys.stderr.write(raw.decode(errors="replace"))
-        keep.append(raw.decode(errors="replace"))
+    log = open(agent_log, "ab") if agent_log is not None else None  # noqa: SIM115 - closed below
+    try:
+        for raw in stream:
+            worker = _WORKER_LINE.match(raw) is not None
+            if worker or show_agent:
+                if out is not None:
+                    out.write(raw)
+                    out.flush()
+                else:
+                    sys.stderr.write(raw.decode(errors="replace"))
+            if not worker:
+                text = raw.decode(errors="replace")
+                keep.append(text)
+                failed = _WORKER_FAILED.search(text) if restarts and not show_agent else None
+                if failed is not None:
+                    print(
+                        f"x-launch: local rank {failed['local']} exited with code {failed['code']}; torchrun "
+                        f"restarts every rank while restarts are left (--max_restarts {restarts})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if log is not None:
+                    log.write(raw)
+                    log.flush()
+    finally:
+        if log is not None:
+            log.close()
+
+
+def agent_failure(agent_output: str) -> str | None:
+    """The last exception torchrun's agent printed ("RendezvousTimeoutError: ..."), if any."""
+    found = None
+    for line in agent_output.splitlines():
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match is not None and match["type"] != "ChildFailedError":
+            found = f"{match['type']}: {match['message'] or ''}".rstrip(": ")
+    return found
+
+
+def _summary(plan: LaunchPlan, agent_output: str, code: int, agent_log: Path | None) -> list[str]:
+    failure = parse_root_cause(agent_output)
+    if failure is not None:
+        lines = describe_failure(failure, _log_dir(plan.argv), code, scratch=plan.scratch_logs is not None)
+    else:
+        cause = agent_failure(agent_output) or f"exit code {code}"
+        lines = [f"x-launch: torchrun stopped before the ranks finished: {cause}"]
+        if any(sign in cause for sign in _NOT_MET):
+            lines.append(
+                f"x-launch: the machines did not all meet within --rdzv_timeout ({plan.settings.rdzv_timeout} s): "
+                "start x-launch on every machine with the same --main_process_ip and --main_process_port"
+            )
+    if agent_log is not None:
+        lines.append(f"x-launch: torchrun's own report: {agent_log}")
+    elif not plan.settings.debug:
+        lines.append("x-launch: torchrun's own report is shown with --debug, or kept with --log_dir DIR")
+    return lines
+
+
+def _remove_stale_scratch(scratch: str) -> None:
+    """Remove the scratch folders of earlier x-launch runs that were killed outright (SIGKILL).
+
+    A folder is named ``x-launch-<pid>-<hex>``; it is stale when no process ``pid`` is alive.
+    """
+    folder = Path(scratch).parent
+    for path in folder.glob("x-launch-*-*"):
+        pid = path.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid() or not path.is_dir():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue  # alive, under another user
 
 
 def run_plan(plan: LaunchPlan) -> int:
-    """Start the plan's command and wait; the exit code (128 + N for a signal N)."""
+    """Start the plan's command and wait; the exit code (128 + N when a signal N stopped it)."""
     watch = plan.engine == "torchrun"
+    if plan.scratch_logs is not None:
+        _remove_stale_scratch(plan.scratch_logs)
     child = subprocess.Popen(
         plan.argv,
         env={**os.environ, **plan.env},
         stderr=subprocess.PIPE if watch else None,
         preexec_fn=_die_with_parent,  # safe: this process has started no threads yet
     )
-    stopping = threading.Event()
+    stopped_by: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        stopping.set()
+        stopped_by.append(signum)
         if child.poll() is None:
             child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     kept: collections.deque[str] = collections.deque(maxlen=400)
+    log_dir = _log_dir(plan.argv) if plan.scratch_logs is None else None
+    agent_log = log_dir / "torchrun.log" if log_dir is not None else None
     pump = None
     if watch and child.stderr is not None:
-        pump = threading.Thread(target=_pump, args=(child.stderr, kept), daemon=True)
+        if agent_log is not None:
+            agent_log.parent.mkdir(parents=True, exist_ok=True)
+        pump = threading.Thread(
+            target=_pump,
+            args=(child.stderr, kept, plan.settings.debug, agent_log, plan.settings.max_restarts),
+            daemon=True,
+        )
         pump.start()
     try:
         code = child.wait()
         if pump is not None:
             pump.join(timeout=5)
-        if code != 0 and watch and not stopping.is_set():
-            failure = parse_root_cause("".join(kept))
-            if failure is not None:
-                scratch = plan.scratch_logs is not None
-                for line in describe_failure(failure, _log_dir(plan.argv), code, scratch=scratch):
-                    print(line, file=sys.stderr, flush=True)
+        if code != 0 and watch and not stopped_by:
+            for line in _summary(plan, "".join(kept), code, agent_log):
+                print(line, file=sys.stderr, flush=True)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if plan.scratch_logs is not None:
             shutil.rmtree(plan.scratch_logs, ignore_errors=True)
+    if stopped_by:
+        return 128 + stopped_by[0]  # as a shell reports a job its signal ended: 130, 143
     return 128 - code if code < 0 else code

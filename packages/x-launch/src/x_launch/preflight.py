@@ -1,0 +1,119 @@
+"""Checks made before any process starts: counts the machine can run, a port, an address.
+
+Each failure is a ``ConfigError``: one line saying what is wrong and how to fix it, so a bad
+launch ends before torchrun prints its own traceback of the same fault (a port in use, a fork
+that fails at process 150, a host name that never resolves).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import threading
+from pathlib import Path
+
+from x_launch.config_file import ConfigError
+
+__all__ = ["CPU_PROCESSES_PER_CORE", "check_cpu_processes", "check_gpu_processes", "check_port", "resolve_host"]
+
+# Past a few processes per core CPU training only slows down, and at some hundreds the machine
+# runs out of processes or threads (150 on 2 cores died with BlockingIOError): refuse well before.
+CPU_PROCESSES_PER_CORE = 8
+RESOLVE_TIMEOUT_S = 10.0
+
+
+def _logical_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_cpu_processes(per_machine: int, allowed: int | None) -> None:
+    """Refuse more CPU processes on this machine than ``allowed`` (default 8 per logical core)."""
+    cores = _logical_cores()
+    limit = allowed if allowed is not None else CPU_PROCESSES_PER_CORE * cores
+    if per_machine > limit:
+        how = "--max_cpu_processes" if allowed is not None else f"{CPU_PROCESSES_PER_CORE} per core"
+        raise ConfigError(
+            f"{per_machine} CPU processes on this machine is more than it can run well ({cores} logical cores, "
+            f"limit {limit} by {how}): use fewer, or raise the limit with --max_cpu_processes N"
+        )
+
+
+def check_gpu_processes(per_machine: int, visible: int) -> None:
+    """Refuse more GPU processes on this machine than visible GPUs."""
+    if visible and per_machine > visible:
+        raise ConfigError(
+            f"{per_machine} GPU processes on this machine, but {visible} GPUs are visible: use at most {visible} "
+            "per machine (one per GPU), or --cpu"
+        )
+
+
+def _listening_pid(port: int) -> int | None:
+    """The process listening on TCP ``port``, from /proc (Linux; None where unreadable)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse a rendezvous port that another process on this machine already holds."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds it
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                return  # e.g. a privileged port: torchrun reports it
+            pid = _listening_pid(port)
+            holder = f" (pid {pid})" if pid is not None else ""
+            raise ConfigError(
+                f"port {port} on {host} is in use{holder}; pass --main_process_port 0 for a free one"
+            ) from None
+
+
+def resolve_host(host: str) -> None:
+    """Refuse ``--main_process_ip`` that does not resolve, within a bounded time."""
+    outcome: list[BaseException | None] = []
+
+    def look_up() -> None:
+        try:
+            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            outcome.append(None)
+        except (OSError, UnicodeError) as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=look_up, daemon=True)
+    worker.start()
+    worker.join(RESOLVE_TIMEOUT_S)
+    if not outcome:
+        raise ConfigError(
+            f"--main_process_ip {host} did not resolve within {RESOLVE_TIMEOUT_S:g} s: give machine 0's IP address"
+        )
+    if outcome[0] is not None:
+        reason = getattr(outcome[0], "strerror", None) or str(outcome[0])
+        raise ConfigError(
+            f"--main_process_ip {host} does not resolve ({reason}): give machine 0's IP address or a name "
+            "every machine can resolve"
+        )
