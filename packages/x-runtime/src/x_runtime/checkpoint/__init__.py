@@ -3,7 +3,8 @@
 ``checkpointing`` writes and reads a whole checkpoint folder (the strategy writes model and
 optimizer files); ``naming`` picks the folder (automatic ``checkpoint_<n>`` naming, pruning);
 ``model_files`` writes safetensors weights (sharded, ties kept); ``files`` the ``torch.save``
-files; ``atomic`` makes every write all-or-nothing; ``random_state`` seeds and captures the
+files; ``atomic`` makes every write all-or-nothing; ``disk_space`` checks free space before a
+save and turns a full disk into one ``DiskFullError``; ``random_state`` seeds and captures the
 generators.
 """
 
@@ -17,6 +18,7 @@ from x_runtime.checkpoint.checkpointing import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from x_runtime.checkpoint.disk_space import DiskFullError
 from x_runtime.checkpoint.files import torch_load, torch_save
 from x_runtime.checkpoint.model_files import (
     load_state_dict_files,
@@ -30,6 +32,7 @@ from x_runtime.checkpoint.random_state import capture_rng_state, restore_rng_sta
 __all__ = [
     "MANIFEST",
     "CheckpointParts",
+    "DiskFullError",
     "capture_rng_state",
     "latest_checkpoint",
     "load_checkpoint",

@@ -63,6 +63,12 @@ class CheckpointMethods:
         """Save models, optimizers, schedulers, scaler, RNG states, loader positions, registered objects.
 
         Every process must call it. The folder appears complete or not at all.
+
+        Raises:
+            DiskFullError: (an ``OSError``, errno ``ENOSPC``) on every process, when the weights and
+                optimizer state cannot fit in the free space (nothing is written), or when the disk
+                fills during the save (the partial folder is removed); it names the folder, the
+                bytes needed and free. The previous checkpoint in ``output_dir`` stays loadable.
         """
         if not safe_serialization:
             raise ValueError("safe_serialization=False: x_runtime writes weights as safetensors only")
@@ -73,7 +79,11 @@ class CheckpointMethods:
         return str(target)
 
     def load_state(self, input_dir: str | os.PathLike | None = None, strict: bool = True) -> str:
-        """Restore what ``save_state`` saved (the latest automatic checkpoint when no folder given)."""
+        """Restore what ``save_state`` saved (the latest automatic checkpoint when no folder given).
+
+        Files are read without running pickled code: one holding other objects than tensors,
+        numbers, strings and containers raises ``pickle.UnpicklingError`` naming it and the type.
+        """
         source = load_source(self.project_configuration, input_dir)
         folder = load_checkpoint(source, self._parts(), self.state, strict=strict)
         note_loaded(self.project_configuration, folder)

@@ -11,6 +11,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from x_runtime.checkpoint.disk_space import allocated_bytes, disk_full_writing, out_of_space_errno
+
 __all__ = ["fsync_dir", "fsync_tree", "partial_dir_for", "replace_dir", "write_file_atomic"]
 
 
@@ -38,7 +40,10 @@ def fsync_tree(root: Path) -> None:
 
 
 def write_file_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` then move ``tmp`` over ``path``; ``path`` is untouched on failure."""
+    """Call ``write(tmp)`` then move ``tmp`` over ``path``; ``path`` is untouched on failure.
+
+    A full disk raises ``DiskFullError`` naming ``path``, the bytes needed and free.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial-{os.getpid()}")
     try:
@@ -46,6 +51,13 @@ def write_file_atomic(path: Path, write: Callable[[Path], None]) -> None:
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except Exception as error:
+        code = out_of_space_errno(error, path.parent)  # measured while ``tmp`` still fills the disk
+        if code is None:
+            raise
+        written = allocated_bytes(tmp) if tmp.is_file() else 0
+        tmp.unlink(missing_ok=True)
+        raise disk_full_writing(path, code, written) from None  # torch's text names no file
     finally:
         if tmp.exists():
             tmp.unlink()

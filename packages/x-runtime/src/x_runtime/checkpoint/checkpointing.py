@@ -33,6 +33,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from x_runtime.checkpoint.atomic import partial_dir_for, replace_dir, write_file_atomic
+from x_runtime.checkpoint.disk_space import (
+    DiskFullError,
+    disk_full_while_saving,
+    measure_room,
+    out_of_space_errno,
+    refuse_if_short,
+    tensor_bytes,
+)
 from x_runtime.checkpoint.files import torch_load, torch_save
 from x_runtime.checkpoint.random_state import capture_rng_state, restore_rng_state
 from x_runtime.process.collectives import gather_object
@@ -87,70 +95,114 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
     The ranks may share one folder or each be given its own (per-rank paths, node-local disks):
     the lowest rank that sees a folder assembles and renames it; every rank writes its own files
     into the folder it was given. A failure on any rank makes every rank raise within one
-    collective, naming the failing rank, instead of leaving the others in a barrier.
+    collective, naming the failing rank, instead of leaving the others in a barrier; the partial
+    folder is removed and the previous checkpoint stays. Before writing, each filesystem's free
+    space is compared with the weights and optimizer state headed for it: a save that cannot fit
+    is refused on every rank, and a disk that fills anyway raises ``DiskFullError`` (folder, bytes
+    needed, bytes free) instead of the writer's own error.
     """
     target = Path(target)
     partial = partial_dir_for(target)
+    needed = 0
+    owner = False
+
+    def agree(step: Callable[[], Any]) -> list[Any]:
+        def run() -> Any:
+            try:
+                return step()
+            except Exception as error:
+                if out_of_space_errno(error, partial) is None:
+                    raise
+                # One line for the user; the writer's own error stays reachable as __context__.
+                raise disk_full_while_saving(error, target=target, partial=partial, needed=needed) from None
+
+        return _agree(state, "save_state", run)
+
+    def claim(claimed: bool) -> None:
+        nonlocal owner
+        owner = claimed
+
+    try:
+        _claim(target, partial, state, agree, claim)
+        mine = (lambda: tensor_bytes(parts.models, parts.optimizers)) if owner else (lambda: 0)
+        rooms = agree(lambda: measure_room(state.rank, target, partial, mine()))
+        refuse_if_short(rooms, state.rank)  # the same rooms everywhere: every rank decides alike
+        needed = sum(r.needed for r in rooms if r.filesystem == rooms[state.rank].filesystem)
+        layouts: dict[str, Any] = {}
+        agree(lambda: _write_files(partial, parts, state, owner, layouts))
+        agree(lambda: _finish(target, partial, parts, state, owner, layouts))
+    except Exception:
+        if owner:  # every rank is past the failing collective: nobody writes here any more
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return target
+
+
+def _claim(
+    target: Path,
+    partial: Path,
+    state: ProcessState,
+    agree: Callable[[Callable[[], Any]], list[Any]],
+    claim: Callable[[bool], None],
+) -> None:
+    """Decide which rank assembles each folder (``claim(True)`` there) and prepare it."""
     token = uuid.uuid4().hex
     # Round 1: the main process prepares its folder; everyone learns rank 0's token.
-    owner = state.is_main_process
-    tokens = _agree(state, "save_state", lambda: _prepare(target, partial, token) if owner else None)
+    claim(state.is_main_process)
+    tokens = agree(lambda: _prepare(target, partial, token) if state.is_main_process else None)
     token = tokens[0]
-    if not owner:  # a folder rank 0 did not prepare is this rank's own (or its node's)
+    if not state.is_main_process:  # a folder rank 0 did not prepare is this rank's own (or its node's)
         seen = _token_in(partial)
-        claims = _agree(
-            state, "save_state", lambda: None if seen == token else f"{socket.gethostname()}:{target.resolve()}"
-        )
+        claims = agree(lambda: None if seen == token else f"{socket.gethostname()}:{target.resolve()}")
         mine = claims[state.rank]
         owner = mine is not None and claims.index(mine) == state.rank
-        _agree(state, "save_state", lambda: _prepare(target, partial, token) if owner else None)
+        claim(owner)
+        agree(lambda: _prepare(target, partial, token) if owner else None)
     elif state.world_size > 1:
-        _agree(state, "save_state", lambda: None)
-        _agree(state, "save_state", lambda: None)
-    layouts: dict[str, Any] = {}
+        agree(lambda: None)
+        agree(lambda: None)
 
-    def write_files() -> None:
-        io = parts.strategy
-        layouts["models"] = [
-            io.save_model_files(partial, _name("model", i, ""), m, writer=owner) for i, m in enumerate(parts.models)
-        ]
-        layouts["optimizers"] = [
-            io.save_optimizer_files(partial, _name("optimizer", i, ""), o, parts.owner(o), writer=owner)
-            for i, o in enumerate(parts.optimizers)
-        ]
-        if owner:
-            for index, scheduler in enumerate(parts.schedulers):
-                torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
-            if parts.scaler is not None:
-                torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
-            for index, obj in enumerate(parts.custom):
-                torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.bin")
-            loaders = [loader.state_dict() for loader in parts.dataloaders]
-            write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
-        torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")
 
-    _agree(state, "save_state", write_files)
+def _write_files(partial: Path, parts: CheckpointParts, state: ProcessState, owner: bool, layouts: dict) -> None:
+    io = parts.strategy
+    layouts["models"] = [
+        io.save_model_files(partial, _name("model", i, ""), m, writer=owner) for i, m in enumerate(parts.models)
+    ]
+    layouts["optimizers"] = [
+        io.save_optimizer_files(partial, _name("optimizer", i, ""), o, parts.owner(o), writer=owner)
+        for i, o in enumerate(parts.optimizers)
+    ]
+    if owner:
+        for index, scheduler in enumerate(parts.schedulers):
+            torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
+        if parts.scaler is not None:
+            torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
+        for index, obj in enumerate(parts.custom):
+            torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.bin")
+        loaders = [loader.state_dict() for loader in parts.dataloaders]
+        write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
+    torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")
 
-    def finish() -> None:
-        if not owner:
-            return
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "world_size": state.world_size,
-            "models": len(parts.models),
-            "optimizers": len(parts.optimizers),
-            "schedulers": len(parts.schedulers),
-            "dataloaders": len(parts.dataloaders),
-            "custom_objects": len(parts.custom),
-            "scaler": parts.scaler is not None,
-            "layouts": layouts,
-        }
-        (partial / _TOKEN).unlink(missing_ok=True)
-        write_file_atomic(partial / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
-        replace_dir(partial, target)
 
-    _agree(state, "save_state", finish)
-    return target
+def _finish(
+    target: Path, partial: Path, parts: CheckpointParts, state: ProcessState, owner: bool, layouts: dict
+) -> None:
+    if not owner:
+        return
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "world_size": state.world_size,
+        "models": len(parts.models),
+        "optimizers": len(parts.optimizers),
+        "schedulers": len(parts.schedulers),
+        "dataloaders": len(parts.dataloaders),
+        "custom_objects": len(parts.custom),
+        "scaler": parts.scaler is not None,
+        "layouts": layouts,
+    }
+    (partial / _TOKEN).unlink(missing_ok=True)
+    write_file_atomic(partial / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
+    replace_dir(partial, target)
 
 
 _TOKEN = ".x_save_token"
@@ -176,22 +228,35 @@ def _agree(state: ProcessState, op: str, step: Callable[[], Any]) -> list[Any]:
     """Run ``step`` here, then learn every rank's outcome (one ``gather_object``, also a barrier).
 
     Returns every rank's result; raises on every rank when ``step`` raised on any, naming the
-    ranks and their errors (this rank's own exception is chained).
+    ranks and their errors (this rank's own exception is chained): ``DiskFullError`` when every
+    failure was a full disk, else ``RuntimeError``.
     """
     failure: BaseException | None = None
     try:
-        outcome: Any = ("ok", step())
+        outcome: Any = ("ok", step(), False)
     except Exception as error:  # reported to every rank below
         failure = error
-        outcome = ("error", f"{type(error).__name__}: {error}")
+        outcome = ("error", f"{type(error).__name__}: {error}", isinstance(error, DiskFullError))
     outcomes = gather_object([outcome]) if state.world_size > 1 else [outcome]
-    failed = [(r, text) for r, (kind, text) in enumerate(outcomes) if kind == "error"]
+    failed = [(r, text, full) for r, (kind, text, full) in enumerate(outcomes) if kind == "error"]
     if failed:
         if state.world_size == 1 and failure is not None:
             raise failure
-        details = "; ".join(f"rank {r}: {text}" for r, text in failed)
-        raise RuntimeError(f"{op} failed on rank {', '.join(str(r) for r, _ in failed)}: {details}") from failure
-    return [value for _kind, value in outcomes]
+        if len(failed) == 1:
+            message = f"{op} failed on rank {failed[0][0]}: {failed[0][1]}"
+        else:
+            details = "; ".join(f"rank {r}: {text}" for r, text, _full in failed)
+            message = f"{op} failed on ranks {', '.join(str(r) for r, _text, _full in failed)}: {details}"
+        if all(full for _r, _text, full in failed):  # still an OSError(ENOSPC) on every rank
+            raise DiskFullError(message, **_amounts_of(failure)) from failure
+        raise RuntimeError(message) from failure
+    return [value for _kind, value, _full in outcomes]
+
+
+def _amounts_of(failure: BaseException | None) -> dict[str, Any]:
+    if isinstance(failure, DiskFullError):
+        return {"path": failure.path, "needed": failure.needed, "free": failure.free, "code": failure.errno}
+    return {}
 
 
 def _check_replaceable(target: Path) -> None:

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from x_common.sizes import parse_size
 from x_runtime.checkpoint.atomic import write_file_atomic
+from x_runtime.checkpoint.files import torch_save
 
 __all__ = [
     "SAFE_WEIGHTS_INDEX_NAME",
@@ -83,7 +84,7 @@ def save_object(obj: Any, path: str | Path, *, safe_serialization: bool = False)
     if safe_serialization:
         save_tensors_file(obj, path)
     else:
-        write_file_atomic(Path(path), lambda tmp: torch.save(obj, tmp))
+        torch_save(obj, Path(path))
 
 
 def load_tensors_file(path: str | Path, *, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
