@@ -558,11 +558,18 @@ def test_malformed_yaml_names_line_and_column(tmp_path: Path, text: str, where: 
 
 @pytest.mark.parametrize(
     ("text", "kind"),
-    [("- num_processes: 2\n- use_cpu: true\n", "list"), ("just some words\n", "str"), ("42\n", "int")],
+    [
+        ("- num_processes: 2\n- use_cpu: true\n", "a list"),
+        ("just some words\n", "a string ('just some words')"),
+        ("42\n", "a number (42)"),
+        ("yes\n", "a boolean (True)"),
+    ],
 )
 def test_top_level_must_be_a_mapping(tmp_path: Path, text: str, kind: str) -> None:
     path = write(tmp_path / "launch.yaml", text)
-    assert load_error(path) == f"config file {path} must hold key: value pairs, not a {kind}"
+    assert load_error(path) == (
+        f"config file {path} must hold key: value pairs, not {kind}; write one key: value per line, e.g. num_processes: 2"
+    )
 
 
 def test_missing_file_says_how_to_create_one(tmp_path: Path) -> None:
@@ -592,12 +599,24 @@ def test_a_directory_as_config_file_is_a_config_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", "\n\n", "# nothing here yet\n", "---\n"], ids=["empty", "blank", "comment", "doc"]
+    "text",
+    ["", "\n\n", "# nothing here yet\n", "---\n", "null\n", "\ufeff"],
+    ids=["empty", "blank", "comment", "doc", "null", "bom"],
 )
-def test_empty_file_means_all_defaults(tmp_path: Path, text: str) -> None:
-    loaded = load_config(write(tmp_path / "launch.yaml", text))
+def test_empty_file_means_all_defaults_and_says_so(tmp_path: Path, text: str, capsys) -> None:
+    # A warning, not an error: an empty file has one meaning (no settings, as no file at all),
+    # and a file whose settings are all commented out is a common way to start over; the line
+    # on stderr catches the other case, a file that was meant to hold settings.
+    path = write(tmp_path / "launch.yaml", text)
+    loaded = load_config(path)
     assert loaded.values == {}
     assert loaded.ignored == []
+    assert capsys.readouterr().err == f"Warning: config file {path} is empty: every setting takes its default\n"
+
+
+def test_a_file_with_settings_prints_no_warning(tmp_path: Path, capsys) -> None:
+    load_config(write(tmp_path / "launch.yaml", "# two\nnum_processes: 2\n"))
+    assert capsys.readouterr().err == ""
 
 
 def test_empty_sections_are_allowed(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import re
+import time
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from x_common import env
 from x_common.kinds import Bool, Choice, Float, Int
 from x_launch.config_schema import IGNORED_KEYS, SCHEMA, SECTIONS, all_fields, check_value, nearest
+from x_launch.value_preview import preview
 
 
 def typed(value: Any) -> tuple[str, Any]:
@@ -142,6 +144,93 @@ def test_number_field_rejects_non_scalar_yaml_value_with_value_error(value: Any)
         ValueError, match=r"^deepspeed_config\.gradient_clipping: .* is not valid: expected a number >= 0$"
     ):
         check_value("deepspeed_config.gradient_clipping", field, value)
+
+
+SHARED_SHOWN = "[" * 7 + "'lol', " * 7 + "'lol... (a list of 9 items)"
+
+
+def _shared_lists(levels: int) -> list:
+    """What YAML aliases build: ``levels`` lists of 9 copies of the one below, 9**levels items."""
+    value: Any = ["lol"] * 9
+    for _ in range(levels - 1):
+        value = [value] * 9
+    return value
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "shown"),
+    [
+        ("num_processes", _shared_lists(7), SHARED_SHOWN),
+        ("mixed_precision", _shared_lists(7), SHARED_SHOWN),
+        (
+            "use_cpu",
+            {f"k{i}": list(range(100)) for i in range(1000)},
+            "{'k0': [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15... (a mapping of 1000 keys)",
+        ),
+        (
+            "gpu_ids",
+            [[0, 1]] * 100_000,
+            "[[0, 1], [0, 1], [0, 1], [0, 1], [0, 1], [0, 1], [0, 1], [0,... (a list of 100000 items)",
+        ),
+        (
+            "gpu_ids",
+            list(range(100_000)),
+            "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 1... (a list of 100000 items)",
+        ),
+        ("main_process_ip", "1" * 1_000_000, "'" + "1" * 59 + "... (1000000 characters)"),
+        ("num_processes", 2**20000, "<an integer of about 6021 digits>"),
+        ("num_processes", {1, 2}, "{1, 2}"),
+        ("num_processes", b"\x00" * 10, repr(b"\x00" * 10)),
+    ],
+    ids=[
+        "shared-lists-int",
+        "shared-lists-choice",
+        "big-mapping",
+        "nested-lists",
+        "long-list",
+        "long-text",
+        "huge-int",
+        "set",
+        "bytes",
+    ],
+)
+def test_value_of_the_wrong_shape_is_refused_before_it_is_formatted(key: str, value: Any, shown: str) -> None:
+    # str() of the shared lists is 4.8 million items: the kinds' str() and repr() took seconds
+    # and megabytes, and with two more levels (a 600-byte file) hung with gigabytes.
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        check_value(key, FIELDS[key], value)
+    assert time.perf_counter() - start < 0.1
+    assert str(info.value) == f"{key}: {shown} is not valid: expected {FIELDS[key].describe()}"
+
+
+def test_a_short_list_still_works_where_a_list_is_taken() -> None:
+    assert check_value("gpu_ids", FIELDS["gpu_ids"], list(range(8))) == "0,1,2,3,4,5,6,7"
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("fp32", "'fp32'"),
+        ([1.0], "[1.0]"),
+        ((1,), "(1,)"),
+        (set(), "set()"),
+        ({"a": [1, (2, 3)]}, "{'a': [1, (2, 3)]}"),
+        (datetime.date(2024, 1, 1), "datetime.date(2024, 1, 1)"),
+        ("x" * 61, "'" + "x" * 59 + "... (61 characters)"),
+        (list(range(30)), "[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 1... (a list of 30 items)"),
+        ([[]] * 1, "[[]]"),
+    ],
+)
+def test_preview_is_repr_when_short_and_bounded_when_not(value: Any, shown: str) -> None:
+    assert preview(value) == shown
+    assert len(preview(value)) <= 60 + len("... (a mapping of 1000000000 keys)")
+
+
+def test_preview_of_a_list_that_holds_itself_ends() -> None:
+    endless: list = []
+    endless.append(endless)
+    assert preview(endless) == "[" * 60 + "... (a list of 1 item)"
 
 
 def test_describe_texts() -> None:

@@ -141,7 +141,8 @@ def test_more_gpu_processes_than_visible_gpus_are_refused() -> None:
             _settings(num_processes=4), ["train.py"], environ={"CUDA_VISIBLE_DEVICES": "0,1"}, gpu_capabilities=eight
         )
     # Per machine: 16 processes over 2 machines is 8 on each.
-    both = _settings(num_processes=16, num_machines=2, main_process_ip="127.0.0.1")
+    # (as machine 1, which does not hold the rendezvous port: 29500 may be taken here by another job)
+    both = _settings(num_processes=16, num_machines=2, machine_rank=1, main_process_ip="127.0.0.1")
     build_plan(both, ["train.py"], environ={}, gpu_capabilities=eight)
 
 
@@ -175,7 +176,17 @@ def test_a_rendezvous_that_cannot_complete_ends_after_rdzv_timeout(run, marker_s
 
 def test_rdzv_timeout_reaches_torchrun_under_the_backends_own_key(run, marker_script) -> None:
     path, _ = marker_script
-    multi = ["--num_processes", "2", "--num_machines", "2", "--cpu", "--main_process_ip", "127.0.0.1"]
+    multi = [
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "2",
+        "--machine_rank",
+        "1",
+        "--cpu",
+        "--main_process_ip",
+        "127.0.0.1",
+    ]
     static = run(*multi, "--main_process_port", "29555", "--rdzv_timeout", "42", "--dry-run", path)
     assert "--rdzv-conf timeout=42" in static.stdout, static.stderr
     c10d = run(

@@ -307,9 +307,8 @@ def launch(
     if no_python:
         pass  # an executable on PATH or a path: torchrun and the OS find it
     elif not module and Path(target[0]).is_dir():
-        raise ConfigError(
-            f"{target[0]} is a folder, not a script: give the script inside it, e.g. {target[0]}/train.py"
-        )
+        inside = Path(target[0]) / "train.py"
+        raise ConfigError(f"{target[0]} is a folder, not a script: give the script inside it, e.g. {inside}")
     elif not module and not Path(target[0]).is_file():
         raise ConfigError(f"script {target[0]} does not exist (to run a module, use -m {target[0]})")
     path, _ = find_config(config_file)

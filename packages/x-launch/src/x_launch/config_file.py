@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 
 from x_common import env
 from x_launch.config_schema import IGNORED_KEYS, LEGACY_KEYS, SCHEMA, SECTIONS, check_value, nearest
+from x_launch.config_yaml import MAX_BYTES, YamlProblem, decode, parse
+from x_launch.value_preview import preview
 
 __all__ = [
     "ConfigError",
@@ -71,53 +74,33 @@ def find_config(explicit: str | os.PathLike[str] | None = None) -> tuple[Path | 
     return None, "no config file"
 
 
-def _positions(text: str) -> dict[str, tuple[int, int]]:
-    """{key path: (line, column)}, 1-based, for pointing at a key in an error."""
-    import yaml
-
-    spots: dict[str, tuple[int, int]] = {}
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return spots
-    if not isinstance(root, yaml.MappingNode):
-        return spots
-    for key_node, value_node in root.value:
-        key = str(key_node.value)
-        spots[key] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-        if isinstance(value_node, yaml.MappingNode):
-            for sub_key, _ in value_node.value:
-                spots[f"{key}.{sub_key.value}"] = (sub_key.start_mark.line + 1, sub_key.start_mark.column + 1)
-    return spots
-
-
 def load_config(path: Path) -> LoadedConfig:
-    """Read and check a config file.
+    """Read and check a config file, in a small fraction of a second whatever it holds.
+
+    An empty file (or one of comments only) means every setting takes its default, as no file
+    does; a warning line on stderr says so, in case the file was meant to hold settings.
 
     Raises:
-        ConfigError: unreadable, malformed (with line and column), an unknown key (with the
+        ConfigError: one line naming the file: unreadable, too big, not UTF-8 text, malformed
+            (with line and column), an alias bomb, a key given twice, an unknown key (with the
             nearest valid one) or an invalid value.
     """
-    import yaml
-
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist; create one with: x-launch config default") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    try:
-        data = yaml.load(text, Loader=_unique_key_loader())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"cannot parse config file {path}: {where}{problem}") from None
+        document = parse(decode(_read_bytes(path)))
+    except YamlProblem as exc:
+        verb = "read" if exc.reading else "parse"
+        raise ConfigError(f"cannot {verb} config file {path}: {exc.where()}{exc.what}") from None
+    data = document.data
     if data is None:
-        data = {}
+        print(f"Warning: config file {path} is empty: every setting takes its default", file=sys.stderr)
+        return LoadedConfig(path, {}, [])
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold key: value pairs, not a {type(data).__name__}")
-    spots = _positions(text)
+        shown = "" if isinstance(data, list) else f" ({preview(data, 40)})"
+        raise ConfigError(
+            f"config file {path} must hold key: value pairs, not {_KINDS.get(type(data), 'a value')}{shown}; "
+            "write one key: value per line, e.g. num_processes: 2"
+        )
+    spots = document.spots
 
     def at(key: str) -> str:
         line = spots.get(key)
@@ -126,7 +109,7 @@ def load_config(path: Path) -> LoadedConfig:
     values: dict[str, Any] = {}
     ignored: list[str] = []
     for key, value in data.items():
-        key = str(key)
+        key = str(key)  # bounded: the loader refused anything big
         if key in IGNORED_KEYS:
             ignored.append(key)
         elif key in LEGACY_KEYS:
@@ -137,22 +120,45 @@ def load_config(path: Path) -> LoadedConfig:
             if value is None:
                 continue
             if not isinstance(value, dict):
-                raise ConfigError(f"{at(key)}: {key} must be a mapping of keys, not {value!r}")
+                raise ConfigError(f"{at(key)}: {key} must be a mapping of keys, not {preview(value)}")
             for sub, sub_value in value.items():
                 sub = str(sub)
                 fields = SECTIONS[key]
                 if sub not in fields:
                     hint = nearest(sub, fields)
                     suggestion = f"; did you mean {hint!r}?" if hint else f"; valid keys: {', '.join(fields)}"
-                    raise ConfigError(f"{at(f'{key}.{sub}')}: unknown key {sub!r} in {key}{suggestion}")
+                    raise ConfigError(f"{at(f'{key}.{sub}')}: unknown key {preview(sub)} in {key}{suggestion}")
                 values[f"{key}.{sub}"] = _checked(at(f"{key}.{sub}"), f"{key}.{sub}", fields[sub], sub_value)
         elif key in SCHEMA:
             values[key] = _checked(at(key), key, SCHEMA[key], value)
         else:
             hint = nearest(key, {*SCHEMA, *SECTIONS, *IGNORED_KEYS, *LEGACY_KEYS})
             suggestion = f"; did you mean {hint!r}?" if hint else ""
-            raise ConfigError(f"{at(key)}: unknown key {key!r}{suggestion}")
+            raise ConfigError(f"{at(key)}: unknown key {preview(key)}{suggestion}")
     return LoadedConfig(path, values, ignored)
+
+
+# What a YAML document that is not a mapping holds, in the file's own words.
+_KINDS = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, reading no more than one past the bound (it may be /dev/zero)."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist; create one with: x-launch config default") from None
+    except IsADirectoryError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}; give the path of a YAML file in it") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(
+            f"config file {path} is larger than {MAX_BYTES // 1024} KiB, and a launch config is a few hundred "
+            "bytes; is it the right file?"
+        )
+    return raw
 
 
 def _checked(where: str, name: str, spec: Any, value: Any) -> Any:
@@ -211,26 +217,3 @@ def save_config(path: Path, values: dict[str, Any], *, force: bool = False) -> N
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-
-
-def _unique_key_loader() -> type:
-    import yaml
-
-    class UniqueKeyLoader(yaml.SafeLoader):
-        """SafeLoader that refuses a key given twice (PyYAML keeps the last one silently)."""
-
-        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
-            seen: dict[object, int] = {}
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"key {key!r} is given twice (first on line {seen[key]}); keep one",
-                        key_node.start_mark,
-                    )
-                seen[key] = key_node.start_mark.line + 1
-            return super().construct_mapping(node, deep=deep)
-
-    return UniqueKeyLoader

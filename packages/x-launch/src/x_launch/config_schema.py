@@ -8,11 +8,14 @@ are accepted and reported as ignored, so an existing file keeps working.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 from typing import Any
 
+from x_common.kinds import GpuIds, StrList
 from x_launch.launch_config import TABLE
 from x_launch.option import Option
+from x_launch.value_preview import preview
 
 __all__ = ["IGNORED_KEYS", "LEGACY_KEYS", "SCHEMA", "SECTIONS", "all_fields", "check_value", "nearest"]
 
@@ -75,14 +78,53 @@ LEGACY_KEYS = {"dynamo_backend": "dynamo_config.dynamo_backend"}
 
 def nearest(key: str, known: set[str] | frozenset[str] | dict[str, Any]) -> str | None:
     """The known key closest to a misspelt one, if any is close."""
+    if len(key) > 100:  # no key is that long: nothing is close, and difflib would take its time
+        return None
     matches = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+# What a value may be before its kind looks at it: a kind converts through str(), and the error
+# it raises holds repr(), both of which take as long as the value is big.
+_SCALARS = (str, int, float, datetime.date)
+_LIST_KINDS = (StrList, GpuIds)  # these also take a YAML list: [0, 1], [LlamaDecoderLayer, LlamaMLP]
+MAX_TEXT = 4096  # characters; the longest setting is a path
+MAX_ITEMS = 256
 
 
 def check_value(name: str, field: Option, value: Any) -> Any:
     """The value in canonical form, from YAML (typed) or a flag/variable (string).
 
+    A value of a shape no setting takes (a mapping, a nested list, a very long text, a huge
+    integer) is refused before anything formats it, and the error shows a bounded preview.
+
     Raises:
         ValueError: one line naming the key, the value and what is accepted.
     """
-    return field.check(name, value)
+    if value is None:
+        return None
+    if not _fits(field, value):
+        raise _refused(name, field, value)
+    try:
+        return field.check(name, value)
+    except ValueError:
+        raise _refused(name, field, value) from None
+
+
+def _fits(field: Option, value: Any) -> bool:
+    if isinstance(value, list) and isinstance(field.kind, _LIST_KINDS):
+        return len(value) <= MAX_ITEMS and all(_fits_scalar(item) for item in value)
+    return _fits_scalar(value)
+
+
+def _fits_scalar(value: Any) -> bool:
+    if isinstance(value, str):
+        return len(value) <= MAX_TEXT
+    if isinstance(value, int):  # bool too
+        return abs(value).bit_length() <= 4096  # str() of a bigger one is slow, then refused
+    return isinstance(value, _SCALARS)
+
+
+def _refused(name: str, field: Option, value: Any) -> ValueError:
+    # The kinds' own wording (x_common.kinds), with the value shown within bounds.
+    return ValueError(f"{name}: {preview(value)} is not valid: expected {field.describe()}")
