@@ -101,7 +101,7 @@ def test_a_port_given_and_in_use_is_one_line_naming_the_holder(run, marker_scrip
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        line = _one_line(run("--num_processes", "2", "--cpu", "--main_process_port", str(port), path))
+        line = _one_line(run("--num_processes", "2", "--cpu", "--main_process_port", str(port), path), code=1)
     assert line == (
         f"Error: port {port} on 127.0.0.1 is in use (pid {os.getpid()}); pass --main_process_port 0 for a free one"
     )

@@ -82,7 +82,7 @@ def test_a_busy_port_in_the_config_is_one_line_and_starts_nothing(x_launch, tmp_
         config = tmp_path / "busy.yaml"
         config.write_text(f"num_processes: 2\nuse_cpu: true\nmain_process_port: {port}\n")
         result = x_launch("--config_file", str(config))
-    assert result.returncode == 2
+    assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"Error: port {port} on 127.0.0.1 is in use (pid {os.getpid()}); pass --main_process_port 0 for a free one"
     ]

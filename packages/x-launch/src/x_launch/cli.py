@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         code: Any = command.main(args=args, prog_name="x-launch", standalone_mode=False)
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else "Usage: x-launch [OPTIONS] COMMAND", err=True)
         sys.exit(2)

@@ -37,6 +37,14 @@ __all__ = [
 class ConfigError(ValueError):
     """A config file problem; the message names the file, the line and the fix."""
 
+    exit_code = 2  # bad input
+
+
+class LaunchRefused(ConfigError):
+    """The input is fine but this machine's state forbids the launch now (a port in use)."""
+
+    exit_code = 1
+
 
 @dataclass
 class LoadedConfig:

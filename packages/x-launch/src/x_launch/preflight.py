@@ -13,7 +13,7 @@ import socket
 import threading
 from pathlib import Path
 
-from x_launch.config_file import ConfigError
+from x_launch.config_file import ConfigError, LaunchRefused
 
 __all__ = ["CPU_PROCESSES_PER_CORE", "check_cpu_processes", "check_gpu_processes", "check_port", "resolve_host"]
 
@@ -88,7 +88,7 @@ def check_port(host: str, port: int) -> None:
                 return  # e.g. a privileged port: torchrun reports it
             pid = _listening_pid(port)
             holder = f" (pid {pid})" if pid is not None else ""
-            raise ConfigError(
+            raise LaunchRefused(
                 f"port {port} on {host} is in use{holder}; pass --main_process_port 0 for a free one"
             ) from None
 
