@@ -3,8 +3,8 @@
     python examples/big_inference.py [--layers 8] [--budget 64MiB] [--folder runs/big-inference]
 
 Builds a small Llama-style model from a config (random weights: nothing is downloaded), saves it
-as a sharded safetensors checkpoint, then loads it the big-model way: the skeleton on the meta
-device, a device map planned within the budget (on a machine with a GPU, half of it on GPU 0 and
+as a sharded safetensors checkpoint, then loads it with ``x_bigmodel.from_pretrained``: the
+skeleton on the meta device, a device map planned within the budget (on a machine with a GPU, half of it on GPU 0 and
 half in RAM; otherwise all in RAM; the rest goes to "disk"), and the checkpoint streamed in. Disk-mapped layers are read in place from the checkpoint during each forward, the
 next layer's pages fetched by a background thread meanwhile. Greedy generation must give the same
 tokens as the same model held fully in memory; the script checks it and prints both timings.
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from x_bigmodel import init_empty_weights, load_checkpoint_and_dispatch
+from x_bigmodel import from_pretrained
 from x_common import format_size, parse_size
 
 
@@ -50,17 +50,8 @@ def main() -> None:
     reference.to(device)
     print(f"model: {args.layers} layers, {format_size(size)} of weights; budget {args.budget}, running on {device}")
 
-    with init_empty_weights():
-        model = LlamaForCausalLM(config).eval()
-    model = load_checkpoint_and_dispatch(
-        model,
-        checkpoint,
-        device_map="auto",
-        max_memory={**max_memory, "disk": "10GiB"},
-        no_split_module_classes=model._no_split_modules,
-        offload_folder=args.folder / "offload",
-        show_progress=False,
-    )
+    # One call: the class from config.json, built on meta, tied, mapped within the budget, streamed in.
+    model = from_pretrained(checkpoint, max_memory=max_memory, offload_folder=args.folder / "offload")
     where = {}
     for name, placed in model.hf_device_map.items():
         where.setdefault(str(placed), []).append(name)

@@ -25,6 +25,7 @@ from x_bigmodel.dispatch import (
 from x_bigmodel.empty_weights import init_empty_weights, init_on_device
 from x_bigmodel.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
 from x_bigmodel.offload_hook import UserCpuOffloadHook
+from x_bigmodel.pretrained import from_pretrained
 
 __all__ = [
     "DevicePlan",
@@ -37,6 +38,7 @@ __all__ = [
     "cpu_offload_with_hook",
     "disk_offload",
     "dispatch_model",
+    "from_pretrained",
     "get_balanced_memory",
     "get_max_memory",
     "infer_auto_device_map",

@@ -156,17 +156,19 @@ def load_planned(
     allow_missing_keys: bool = False,
     show_progress: bool = True,
     mmap: bool = True,
+    names: Mapping[str, str] | None = None,
 ) -> OffloadIndex:
     """``load_checkpoint_in_model`` once its arguments are resolved: ``files`` from
     ``resolve_checkpoint_files``, ``plan`` (``None``: tensors stay where they are) with the offload
-    folder, ``dtype`` a ``torch.dtype``. The plan is read as is, not resolved again.
+    folder, ``dtype`` a ``torch.dtype``. The plan is read as is, not resolved again. ``names``
+    maps checkpoint keys to model names where they differ (see ``plan_load``).
     """
     fp32_modules = [tuple(m.split(".")) for m in keep_in_fp32_modules or ()]
     expected = model.state_dict(keep_vars=True)
     aliases = alias_groups(expected)
     buffer_names = {name for name, _ in model.named_buffers(remove_duplicate=False)}
 
-    load_plan = plan_load(files, expected, plan)
+    load_plan = plan_load(files, expected, plan, names)
     check_keys(model, expected, aliases, load_plan, strict, allow_missing_keys)
     offload_folder = plan.offload_folder if plan is not None else None
 

@@ -53,8 +53,12 @@ def plan_load(
     files: Mapping[Path, list[str] | None],
     expected: Mapping[str, torch.Tensor],
     plan: DevicePlan | None,
+    names: Mapping[str, str] | None = None,
 ) -> LoadPlan:
     """Find each model tensor in ``files``, checking shapes and (with ``plan``) that it has a device.
+
+    ``names`` maps checkpoint keys to model names where they differ (a transformers checkpoint saved
+    with another prefix or legacy names); other keys are model names as they are.
 
     Raises:
         ValueError: a shard lacks keys its index promised, a shape differs from the model's, or a
@@ -73,18 +77,19 @@ def plan_load(
                     "that the index says it holds"
                 )
             for key in keys:
-                if key not in expected:
+                name = names.get(key, key) if names else key
+                if name not in expected:
                     unexpected.append(key)
                     continue
                 shape = reader.shape(key)
-                if shape != tuple(expected[key].shape):
+                if shape != tuple(expected[name].shape):
                     raise ValueError(
-                        f"shape mismatch for {key}: the checkpoint ({path.name}) has {shape}, "
-                        f"the model expects {tuple(expected[key].shape)}"
+                        f"shape mismatch for {name}: the checkpoint ({path.name}) has {shape}, "
+                        f"the model expects {tuple(expected[name].shape)}"
                     )
                 if plan is not None:
-                    plan.device_for(key)  # fail before loading if unplaced
-                tensors[key] = PlannedTensor(file=path, key=key, shape=shape, file_dtype=reader.dtype(key))
+                    plan.device_for(name)  # fail before loading if unplaced
+                tensors[name] = PlannedTensor(file=path, key=key, shape=shape, file_dtype=reader.dtype(key))
     return LoadPlan(tensors=tensors, unexpected=tuple(unexpected))
 
 
