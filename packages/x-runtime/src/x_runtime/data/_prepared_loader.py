@@ -7,50 +7,22 @@ iteration protocol with one batch of look-ahead, and registration with the gradi
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections.abc import Iterator, Mapping, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler
+from torch.utils.data import DataLoader, IterableDataset
 
+from x_runtime.data.epoch_rng import EpochRandomness
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.data.nested import concat_batches, find_batch_size, send_to_device, slice_batch
-from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, _mix_seed, check_split
+from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, check_split
 from x_runtime.data.sharding import Sharding
 from x_runtime.data.steps import BatchOps, global_steps, rank_batch_count
 
-_WORKER_SEED_SALT = 0x5EED_0F_10ADE2  # worker seeds differ from the shuffle seed of the same epoch
-
-
-# DataLoader settings a rebuilt loader keeps (``in_order`` and ``pin_memory_device`` depend on
-# the torch version). Sampling settings are absent: the rebuilt loader gets its own sampler.
-_KEPT_SETTINGS = tuple(
-    name
-    for name in (
-        "num_workers",
-        "collate_fn",
-        "pin_memory",
-        "timeout",
-        "worker_init_fn",
-        "multiprocessing_context",
-        "generator",
-        "prefetch_factor",
-        "persistent_workers",
-        "pin_memory_device",
-        "in_order",
-    )
-    if name in inspect.signature(DataLoader.__init__).parameters
-)
-
-
 _END = object()
-
-
-def _loader_settings(loader: DataLoader) -> dict[str, Any]:
-    return {name: getattr(loader, name) for name in _KEPT_SETTINGS if hasattr(loader, name)}
 
 
 _TENSOR_OPS = BatchOps(find_batch_size, concat_batches, slice_batch)
@@ -71,11 +43,12 @@ class _EpochCounter:
 class _Cursor:
     # Per-batch bookkeeping lives here rather than on the loader: DataLoader.__setattr__ is Python
     # code, a slots store is not.
-    __slots__ = ("epoch", "position")
+    __slots__ = ("done", "epoch", "position")
 
     def __init__(self) -> None:
         self.position = 0
         self.epoch: int | None = None
+        self.done = False  # the running epoch's last batch has been handed out
 
 
 def _unwrap(source: Any) -> Any:
@@ -109,7 +82,7 @@ class _PreparedLoader(DataLoader):
         self.__dict__["_exposed_sampler"] = None
         super().__init__(dataset, **dataloader_kwargs)
         self._iterable = isinstance(dataset, IterableDataset)
-        shared_generator = None
+        inner = None
         sharding = sharding if sharding is not None else Sharding()
         self.sharding = sharding
         self.num_processes = sharding.num_processes
@@ -128,8 +101,6 @@ class _PreparedLoader(DataLoader):
             inner = getattr(source, "sampler", source)
             if epoch_source is None and isinstance(inner, SeedableRandomSampler):
                 epoch_source = inner
-            if isinstance(inner, RandomSampler) and not isinstance(inner, SeedableRandomSampler):
-                shared_generator = inner.generator  # the user's: its state drives the order
         check_split(self._underlying_batch_size, sharding)
         self.device = torch.device(device) if device is not None else None
         # Batches come out of a DataLoader on the CPU: a CPU target needs no walk over the batch.
@@ -138,8 +109,9 @@ class _PreparedLoader(DataLoader):
         self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self._epochs = epoch_source if epoch_source is not None else _EpochCounter()
         self._seed = seed
-        self._own_generator = dataloader_kwargs.get("generator") is None
-        self._shared_generator = shared_generator if sharding.num_processes > 1 else None
+        self._rng = EpochRandomness(
+            inner, dataloader_kwargs.get("generator"), sharding, every_rank_iterates=self._every_rank_iterates
+        )
         self.skip_batches = int(skip_batches)
         self.use_stateful_dataloader = use_stateful_dataloader
         self.end_of_dataloader = False
@@ -212,20 +184,29 @@ class _PreparedLoader(DataLoader):
         """Where the iteration stands, as JSON-able values.
 
         ``batches_yielded`` counts the batches of the current epoch this process has handed out
-        (skipped ones included); it is 0 once an epoch has run to its end.
+        (skipped ones included); it is 0 once an epoch has run to its end. With the user's
+        generator, ``generators`` holds its state where the epoch of the next batch begins; with
+        ``use_seedable_sampler=False``, ``sampler_seed`` the seed the running epoch's shuffle drew.
         """
-        return {
+        cursor = self._cursor
+        state = {
             "epoch": self.epoch,
             "seed": self.seed,
-            "batches_yielded": self._cursor.position,
+            "batches_yielded": cursor.position,
             "num_processes": self.num_processes,
         }
+        # On the epoch's last batch the next batch is the next epoch's (see load_state_dict).
+        finished = cursor.done and self._epoch_length() is not None
+        state.update(self._rng.state_dict(mid_epoch=cursor.epoch is not None and not finished))
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore epoch and seed; with ``use_stateful_dataloader`` also resume at the next batch.
 
         Without ``use_stateful_dataloader`` the next iteration starts the saved epoch from its
-        beginning: pass ``state["batches_yielded"]`` to :func:`skip_first_batches` to continue.
+        beginning: pass ``state_dict()["batches_yielded"]``, read after loading, to
+        :func:`skip_first_batches` to continue. A state saved on an epoch's last batch loads as
+        the start of the next epoch (``batches_yielded`` 0).
         """
         if state.get("num_processes", self.num_processes) != self.num_processes:
             warnings.warn(
@@ -233,19 +214,33 @@ class _PreparedLoader(DataLoader):
                 f"{self.num_processes}: batches_yielded no longer matches the same samples",
                 stacklevel=2,
             )
-        self._epochs.set_epoch(int(state["epoch"]))
+        position = int(state.get("batches_yielded", 0))
+        length = self._epoch_length() if position else None
+        # Saved on the epoch's last batch: nothing of that epoch is left, and the uninterrupted run
+        # went on with the next one. Resuming there (rather than replaying an empty epoch, or the
+        # whole saved epoch for a loop that resumes by step count) is what makes resume exact.
+        finished = length is not None and position >= length
+        self._epochs.set_epoch(int(state["epoch"]) + finished)
+        position = 0 if finished else position
         seed = state.get("seed")
         if seed is not None:
             self._seed = int(seed)
             if isinstance(self._epochs, SeedableRandomSampler):
                 self._epochs.seed = int(seed)
-        position = int(state.get("batches_yielded", 0))
+        self._rng.load_state_dict(state, mid_epoch=not finished)
         self._cursor.position = position
         if self.use_stateful_dataloader:
             self._resume = max(0, position - self.skip_batches)
 
     def __len__(self) -> int:
         return max(0, self._rank_length() - self.skip_batches - self._resume)
+
+    def _epoch_length(self) -> int | None:
+        """Batches of a whole epoch on this process, skipped ones included (None: unknown)."""
+        try:
+            return len(self) + self.skip_batches + self._resume
+        except (TypeError, NotImplementedError):  # an iterable dataset without __len__
+            return None
 
     def _rank_length(self) -> int:
         """Batches this process yields in a whole epoch."""
@@ -297,22 +292,12 @@ class _PreparedLoader(DataLoader):
         cursor = self._cursor
         epochs = self._epochs
         epoch = epochs.epoch
-        if self._own_generator:
-            # Starting a DataLoader iterator draws the workers' base seed from the loader's generator,
-            # or from torch's global RNG when it has none: that draw would shift dropout and every
-            # other random op after a resume. A generator of our own, seeded by (seed, epoch), leaves
-            # the global RNG alone and gives workers the same seeds when an epoch is replayed.
-            generator = torch.Generator()
-            generator.manual_seed(_mix_seed(self._seed or 0, epoch) ^ _WORKER_SEED_SALT)
-            self.generator = generator
-        if self._shared_generator is not None and self._every_rank_iterates:
-            # Every rank shuffles with the user's generator: rank 0's state makes them agree.
-            from x_runtime.checkpoint.random_state import synchronize_rng_states
-
-            synchronize_rng_states(["generator"], generator=self._shared_generator)
+        rng = self._rng
+        # Before the DataLoader iterator exists: starting it draws the workers' base seed.
+        rng.begin(self, self._seed, epoch)
         resume, self._resume = self._resume, 0
         position = self.skip_batches + resume
-        cursor.epoch, cursor.position = epoch, position
+        cursor.epoch, cursor.position, cursor.done = epoch, position, False
         self.end_of_dataloader = False
         self.remainder = -1
         if self._dataset_set_epoch is not None:
@@ -329,6 +314,7 @@ class _PreparedLoader(DataLoader):
                     if next(iterator, _END) is _END:
                         break
                 current = next(iterator, _END)
+                rng.started()
                 if current is not _END:
                     if move:
                         current = send_to_device(current, device, non_blocking=non_blocking)
@@ -341,7 +327,7 @@ class _PreparedLoader(DataLoader):
                         current = send_to_device(upcoming, device, non_blocking=non_blocking) if move else upcoming
                     self.remainder = -1 if uneven else self._last_remainder(current)
                     self.end_of_dataloader = True
-                    cursor.position = position + 1
+                    cursor.position, cursor.done = position + 1, True
                     yield current
             else:
                 for batch, last, real in self._rank_batches(self.skip_batches + resume):
@@ -351,12 +337,13 @@ class _PreparedLoader(DataLoader):
                     if move:
                         batch = send_to_device(batch, device, non_blocking=non_blocking)
                     position += 1
-                    cursor.position = position
+                    cursor.position, cursor.done = position, last
                     yield batch
             completed = True
         finally:
+            rng.started()
             self.gradient_state._remove_dataloader(self)
-            cursor.epoch = None
+            cursor.epoch, cursor.done = None, False
             if completed:
                 epochs.set_epoch(epoch + 1)
                 cursor.position = 0
@@ -375,6 +362,7 @@ class _PreparedLoader(DataLoader):
         # The copy walks the original's epoch: the original's state_dict (what a checkpoint of the
         # training run saves) follows it.
         clone._cursor = self._cursor
+        clone._rng = self._rng  # and replays the draws a loaded state holds
         return clone
 
     def _with_skip(self, num_batches: int) -> _PreparedLoader:

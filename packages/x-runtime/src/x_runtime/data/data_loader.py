@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from x_runtime.data._prepared_loader import _loader_settings, _PreparedLoader
+from x_runtime.data._prepared_loader import _PreparedLoader
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.data.loaders import DataLoaderDispatcher, DataLoaderShard
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
@@ -55,6 +56,31 @@ __all__ = [
     "prepare_sharded_loader",
     "skip_first_batches",
 ]
+
+
+# DataLoader settings a rebuilt loader keeps (``in_order`` and ``pin_memory_device`` depend on
+# the torch version). Sampling settings are absent: the rebuilt loader gets its own sampler.
+_KEPT_SETTINGS = tuple(
+    name
+    for name in (
+        "num_workers",
+        "collate_fn",
+        "pin_memory",
+        "timeout",
+        "worker_init_fn",
+        "multiprocessing_context",
+        "generator",
+        "prefetch_factor",
+        "persistent_workers",
+        "pin_memory_device",
+        "in_order",
+    )
+    if name in inspect.signature(DataLoader.__init__).parameters
+)
+
+
+def _loader_settings(loader: DataLoader) -> dict[str, Any]:
+    return {name: getattr(loader, name) for name in _KEPT_SETTINGS if hasattr(loader, name)}
 
 
 class _SkipIterableLoader(DataLoader):
