@@ -153,6 +153,9 @@ def test_an_address_that_does_not_resolve_is_one_line_at_once(run, marker_script
     line = _one_line(run(*args, path))
     assert line.startswith("Error: --main_process_ip no.such.host.invalid does not resolve (")
     assert time.monotonic() - start < 30 and not marker.exists()
+    # One machine with a port given uses the address too.
+    one = ["--num_processes", "2", "--cpu", "--main_process_port", "29999", "--main_process_ip", "no.such.host.invalid"]
+    assert _one_line(run(*one, path)).startswith("Error: --main_process_ip no.such.host.invalid does not resolve (")
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])

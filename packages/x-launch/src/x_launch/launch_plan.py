@@ -133,8 +133,6 @@ def build_plan(
         raise ConfigError("a multi-machine launch needs --main_process_ip, the address of machine 0")
     if port == 0 and machines > 1:
         raise ConfigError("--main_process_port 0 works on one machine only; give every machine the same port")
-    if machines > 1 and job is None:
-        preflight.resolve_host(ip)
     host = ip or "127.0.0.1"
     argv = [
         python,
@@ -149,6 +147,8 @@ def build_plan(
     # launches started at the same instant cannot pick the same port (a port probed and released
     # here could be taken by the other before torchrun binds it).
     standalone = machines == 1 and (port == 0 or settings.is_default("main_process_port"))
+    if ip and not standalone and job is None:
+        preflight.resolve_host(ip)  # torchrun would retry an unknown host for minutes
     if standalone:
         argv += ["--standalone"]
     elif settings.rdzv_backend == "c10d":

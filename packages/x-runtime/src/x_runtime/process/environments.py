@@ -41,6 +41,7 @@ import torch.distributed as dist
 from x_common import env
 from x_common.process_env import ProcessEnv, process_env
 from x_runtime.process.distributed_type import SHARDED, DistributedType
+from x_runtime.process.elastic_rendezvous import attempt_rendezvous
 from x_runtime.process.peer_exit import await_peers
 
 __all__ = [
@@ -183,7 +184,7 @@ class _TorchEnvironment:
         return True
 
     def rendezvous(self, request: Request) -> str | None:
-        return request.init_method
+        return request.init_method or attempt_rendezvous(request.environ)
 
     def in_process(self, request: Request) -> bool:
         return False
@@ -224,7 +225,7 @@ class _TorchEnvironment:
 
 
 class TorchrunEnvironment(_TorchEnvironment):
-    """torch's variables (torchrun, x-launch): the rendezvous is torch's own (``env://``)."""
+    """torch's variables (torchrun, x-launch): ``env://``, or the agent's store per restart attempt."""
 
     name = "torchrun"
 
