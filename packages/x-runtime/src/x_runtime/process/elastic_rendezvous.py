@@ -20,6 +20,8 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
+from x_runtime.process.agent_store import agent_store
+
 __all__ = ["attempt_rendezvous"]
 
 _SCHEME = "x-elastic"
@@ -28,9 +30,7 @@ _SCHEME = "x-elastic"
 def _join(url: str, timeout: timedelta = timedelta(minutes=30), **_: Any) -> Iterator[tuple[dist.Store, int, int]]:
     query = {key: values[-1] for key, values in parse_qs(urlparse(url).query).items()}
     rank, world_size = int(query["rank"]), int(query["world_size"])
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False, timeout=timeout
-    )
+    store = agent_store(os.environ, timeout)
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     yield dist.PrefixStore(f"/x/attempt_{attempt}", store), rank, world_size
     raise RuntimeError("the x-elastic rendezvous cannot be retried: start the worker again")

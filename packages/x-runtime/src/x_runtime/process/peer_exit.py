@@ -16,7 +16,7 @@ import time
 from collections.abc import Mapping
 from datetime import timedelta
 
-import torch.distributed as dist
+from x_runtime.process.agent_store import agent_store
 
 __all__ = ["await_peers", "mark_returned"]
 
@@ -28,16 +28,10 @@ def _prefix(environ: Mapping[str, str]) -> str:
     return f"x_notebook/{run}/{environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
-def _store(environ: Mapping[str, str], timeout: timedelta) -> dist.TCPStore:
-    return dist.TCPStore(
-        environ["MASTER_ADDR"], int(environ["MASTER_PORT"]), is_master=False, timeout=timeout, wait_for_workers=False
-    )
-
-
 def mark_returned(environ: Mapping[str, str], rank: int) -> None:
     """Record that ``rank``'s function returned; best effort (a gone store has no one waiting)."""
     try:
-        store = _store(environ, timedelta(seconds=5))
+        store = agent_store(environ, timedelta(seconds=5))
         prefix = _prefix(environ)
         store.set(f"{prefix}/returned_rank", str(rank))
         store.add(f"{prefix}/returned", 1)
@@ -52,7 +46,7 @@ def await_peers(environ: Mapping[str, str] | None, rank: int, world_size: int, t
     destroyed and joined again waits for the next full set. ``environ`` None: ``os.environ``.
     """
     environ = os.environ if environ is None else environ
-    store = _store(environ, timeout)
+    store = agent_store(environ, timeout)
     prefix = _prefix(environ)
     ticket = store.add(f"{prefix}/joining", 1)
     complete = -(-ticket // world_size) * world_size

@@ -55,7 +55,7 @@ class ProcessState:
         ``sharded`` (a sharding plugin was given) joins a process group even for a world of
         one started by a launcher, as the launcher's FSDP/DEEPSPEED choice does. XLA (the
         launcher's choice, or ``PJRT_DEVICE`` set as torch_xla users do) takes rank, world and
-        device from the XLA runtime instead (``environments.XLAEnvironment``).
+        device from the XLA runtime instead (``xla_environment.XLAEnvironment``).
 
         Raises:
             ValueError: a launcher variable is malformed, or XLA was asked without torch_xla.

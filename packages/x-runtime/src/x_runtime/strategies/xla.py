@@ -13,7 +13,7 @@ cannot read XLA tensors.
 
 torch_xla is imported only when XLA is chosen (by ``x-launch --tpu``, ``distributed_type: XLA``,
 or ``PJRT_DEVICE`` in the environment): importing it takes seconds. Rank, world and device come
-from ``process.environments.XLAEnvironment``.
+from ``process.xla_environment.XLAEnvironment``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,78 @@
+"""What an accelerator asks of a cluster environment, and what the environment answers.
+
+``Request`` carries the accelerator's arguments and the launcher's variables, read once;
+``Placement`` is where an environment put this process, the stuff a ``ProcessState`` is made of;
+``ClusterEnvironment`` is the two methods every environment has. The environments themselves are
+in ``environments`` (torchrun, SLURM, one process) and ``xla_environment``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Protocol
+
+import torch
+
+from x_common import env
+from x_common.process_env import ProcessEnv, process_env
+
+__all__ = ["ClusterEnvironment", "Placement", "Request"]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the accelerator asked for, with the launcher's variables read once."""
+
+    environ: Mapping[str, str] | None
+    where: ProcessEnv  # torch's or SLURM's variables (x_common.process_env)
+    asked: str | None  # the launcher's distributed_type
+    cpu: bool
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: timedelta | None = None
+    sharded: bool = False  # a sharding plugin was given in code
+
+    @classmethod
+    def read(
+        cls,
+        *,
+        cpu: bool = False,
+        backend: str | None = None,
+        init_method: str | None = None,
+        timeout: timedelta | None = None,
+        environ: Mapping[str, str] | None = None,
+        sharded: bool = False,
+    ) -> Request:
+        where = process_env(environ)
+        asked = env.DISTRIBUTED_TYPE.read(environ)
+        cpu = cpu or bool(env.USE_CPU.read(environ))
+        return cls(environ, where, asked, cpu, backend, init_method, timeout, sharded)
+
+    def group_timeout(self) -> timedelta:
+        return self.timeout or timedelta(seconds=env.PROCESS_GROUP_TIMEOUT.read(self.environ))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an environment placed this process: what a ``ProcessState`` is made of."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    device: torch.device
+    backend: str | None
+    distributed_type: str
+    source: str
+    owns_process_group: bool = False
+
+
+class ClusterEnvironment(Protocol):
+    name: str
+
+    def detect(self, request: Request) -> bool: ...
+
+    def locate(self, request: Request) -> Placement: ...
