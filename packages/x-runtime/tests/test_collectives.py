@@ -142,7 +142,7 @@ def test_reports_rank_and_world_size(reports, world) -> None:
 
 
 @worlds
-def test_gather_nested_concatenates_in_rank_order_with_one_metadata_and_one_data_collective(reports, world) -> None:
+def test_first_gather_concatenates_in_rank_order_with_one_header_and_one_data_collective(reports, world) -> None:
     expected = {
         "a": torch.cat([torch.arange(4) + 10 * r for r in range(world)]),
         "b": [
@@ -164,7 +164,8 @@ def test_gather_accepts_different_sizes_along_dim_0(reports, world) -> None:
     expected = {"u": torch.cat([torch.full((r + 1, 2), r) for r in range(world)]), "e": torch.arange(world)}
     empty_first = torch.ones(2 * (world - 1), 3)
     for rep in reports(world):
-        assert ok(rep, "gather_uneven") == {"result": encode(expected), "calls": {"all_gather": 2}}
+        # The second gather on the group: header and data in one collective.
+        assert ok(rep, "gather_uneven") == {"result": encode(expected), "calls": {"all_gather": 1}}
         assert ok(rep, "gather_empty_rows") == encode(empty_first)
 
 
@@ -188,6 +189,26 @@ def test_gather_moves_every_dtype_unchanged(reports, world) -> None:
     }
     for rep in reports(world):
         assert ok(rep, "gather_dtypes") == encode(expected)
+
+
+@worlds
+def test_later_gathers_fold_header_and_data_into_one_collective_and_grow_when_outgrown(reports, world) -> None:
+    for rep in reports(world):
+        again = ok(rep, "gather_fold_again")
+        assert again["calls"] == {"all_gather": 1}
+        assert again["result"] == ok(rep, "gather_nested")["result"]
+        grows = ok(rep, "gather_fold_grows")
+        assert grows["calls"] == {"all_gather": 2}  # headers say it does not fit: the data follows
+        assert grows["result"] == encode(torch.cat([torch.full((500 + r, 3), float(r)) for r in range(world)]))
+        grown = ok(rep, "gather_fold_grown")
+        assert grown["calls"] == {"all_gather": 1}
+        assert grown["result"] == encode(torch.cat([torch.full((400, 3), float(r)) for r in range(world)]))
+        overflow = ok(rep, "gather_fold_header_overflows")
+        # 40 tensors: the header outgrows its 32 reserved words, so headers go again, then the data.
+        assert overflow["calls"] == {"all_gather": 3}
+        assert overflow["result"] == encode(
+            [torch.cat([torch.full((1,), i + r) for r in range(world)]) for i in range(40)]
+        )
 
 
 @worlds

@@ -95,6 +95,12 @@ def main() -> None:
     scenario("gather_nested", counting(lambda: c.gather(nested)))
     scenario("gather_nested_inputs_after", lambda: encode(nested))
     scenario("gather_uneven", counting(lambda: c.gather({"u": torch.full((r + 1, 2), r), "e": torch.tensor([r])})))
+    # Header and data in one collective once a gather has sized the buffer; a payload that outgrows
+    # it takes a second (data) collective, and the buffer grows for the next call.
+    scenario("gather_fold_again", counting(lambda: c.gather(nested)))
+    scenario("gather_fold_grows", counting(lambda: c.gather(torch.full((500 + r, 3), float(r)))))
+    scenario("gather_fold_grown", counting(lambda: c.gather(torch.full((400, 3), float(r)))))
+    scenario("gather_fold_header_overflows", counting(lambda: c.gather([torch.full((1,), i + r) for i in range(40)])))
     scenario("gather_empty_rows", lambda: encode(c.gather(torch.ones(0 if r == 0 else 2, 3))))
     scenario("gather_scalar", lambda: encode(c.gather(torch.tensor(float(r)))))
     typed = {

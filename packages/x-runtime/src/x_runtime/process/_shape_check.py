@@ -96,12 +96,22 @@ def _check_shapes(op: str, data: Any, world: int) -> _Table:
     when some process's description overflows it). Raises on every process or on none.
     """
     walk = _walk(data)
+    words = _describe(walk)
+    return _table_from_rows(op, walk, _all_gather_words(words, world))
+
+
+def _describe(walk: _Walk) -> list[int]:
+    """This process's header: words needed, problem flag, structure fingerprint, count, then per tensor dtype, ndim, shape."""
     words = [0, int(bool(walk.problems)), _code(walk.signature), len(walk.tensors)]
     for tensor in walk.tensors:
         words += [_code(str(tensor.dtype)), tensor.dim(), *tensor.shape]
     words[0] = len(words)
-    rows = _all_gather_words(words, world)
+    return words
 
+
+def _table_from_rows(op: str, walk: _Walk, rows: list[list[int]]) -> _Table:
+    """The table every process builds from the same gathered headers; raises on all of them or on none."""
+    world = len(rows)
     if any(row[1] for row in rows):
         problems = _all_gather_objects("; ".join(walk.problems[:5]), world)
         details = "; ".join(f"rank {r} has {text}" for r, text in enumerate(problems) if text)
@@ -132,9 +142,8 @@ def _layout_text(walk: _Walk) -> str:
     return f"[{', '.join(shown)}{more}]"
 
 
-def _all_gather_words(words: list[int], world: int) -> list[list[int]]:
+def _all_gather_words(words: list[int], world: int, capacity: int = _META_WORDS) -> list[list[int]]:
     device = _meta_device()
-    capacity = _META_WORDS
     while True:
         local = torch.zeros(capacity, dtype=torch.int64)
         local[: min(len(words), capacity)] = torch.tensor(words[:capacity], dtype=torch.int64)

@@ -7,9 +7,10 @@ one-process world would return, so the same script runs with and without a launc
 
 Why the shape check: ``all_gather`` needs every process to send tensors of one shape and dtype;
 when they don't, the backend hangs or fails on some processes only. ``gather`` and
-``pad_across_processes`` first exchange one small int64 tensor describing the whole structure, so
-every process reaches the same verdict: all raise the same ``DistributedOperationException`` (a
-``ValueError``) naming each rank's shape, or all go on. ``gather`` also accepts different sizes
+``pad_across_processes`` exchange a small int64 header describing the whole structure, so every
+process reaches the same verdict: all raise the same ``DistributedOperationException`` (a
+``ValueError``) naming each rank's shape, or all go on. ``gather`` sends the header and the data
+in one collective once a first gather on the group has sized it (``_gather_fold``). ``gather`` also accepts different sizes
 along dim 0 (padded, gathered, trimmed). The others check in debug mode only (``process.debug``).
 """
 
@@ -21,16 +22,16 @@ import torch
 import torch.distributed as dist
 
 from x_runtime.data.nested import apply
+from x_runtime.process._gather_fold import gather_tensors
 from x_runtime.process._shape_check import (
     _by_rank,
     _check_shapes,
-    _dtype_name,
     _raise_local_problems,
     _rebuild,
     _walk,
     object_group,
 )
-from x_runtime.process._transfer import _as_rows, _gather_checked, _on_xla_if_needed, _pad, _source_rank, _wire
+from x_runtime.process._transfer import _as_rows, _on_xla_if_needed, _pad, _source_rank, _wire
 from x_runtime.process.debug import debug_mode, verify_operation
 from x_runtime.process.errors import DistributedOperationException
 
@@ -107,23 +108,7 @@ def gather(data: Any, *, debug: bool | None = None) -> Any:
     if world == 1:
         _raise_local_problems("gather", _walk(data))
         return apply(_as_rows, data)
-    table = _check_shapes("gather", data, world)
-    for i, path in enumerate(table.paths):
-        at = f" at {path}" if path else ""
-        if len(set(table.dtypes[i])) > 1:
-            names = [_dtype_name(code) for code in table.dtypes[i]]
-            raise DistributedOperationException(
-                f"gather: dtypes differ across processes{at}: {_by_rank(names)}; cast them to one dtype"
-            )
-        if len({shape[1:] for shape in table.shapes[i]}) > 1:
-            raise DistributedOperationException(
-                f"gather: shapes differ across processes beyond dim 0{at}: {_by_rank(map(str, table.shapes[i]))}; "
-                "pad them with pad_across_processes or make them agree"
-            )
-    # Collectives write into tensors that autograd does not track; the results have no history.
-    table.tensors = [tensor.detach() for tensor in table.tensors]
-    results = _gather_checked(table, world)
-    return _rebuild(data, results)
+    return _rebuild(data, gather_tensors(data, world))
 
 
 def gather_object(obj: Any, *, debug: bool | None = None) -> list[Any]:

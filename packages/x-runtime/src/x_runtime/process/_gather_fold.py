@@ -1,0 +1,199 @@
+"""``gather`` in one collective: each process's shape header and its data travel in one buffer.
+
+A checked gather took two collectives, the header exchange of ``_shape_check`` and then the data.
+Metrics gathers in an eval loop are latency-bound (a (64, 10) float tensor is 2.5 KB), so the
+second collective doubled their cost. Here the header and the packed tensors share one buffer
+per process, and every process sizes it from the same number without talking: the largest
+payload the previous gather on this group carried, which every process read from the same
+gathered headers. A process whose payload does not fit sends its header alone; the headers then
+say so on every process, and the data follows in a second collective sized to fit. The first
+gather on a group, a header that overflows, and payloads above ``_FOLD_BYTES`` take the
+two-collective path. The structure, dtype and shape checks run on every call either way.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from x_runtime.process._shape_check import (
+    _HEADER,
+    _META_WORDS,
+    _all_gather_words,
+    _by_rank,
+    _describe,
+    _dtype_name,
+    _gather_into,
+    _meta_device,
+    _Table,
+    _table_from_rows,
+    _walk,
+)
+from x_runtime.process._transfer import _gather_checked, _numel, _rows
+from x_runtime.process.errors import DistributedOperationException
+
+# Above this a payload's own transfer dwarfs a header exchange, and padding every process's
+# buffer to the largest one would cost more than the collective it saves.
+_FOLD_BYTES = 1 << 20
+
+
+# Below this the reservation only grows: padding a latency-bound collective costs next to nothing,
+# and a loop that alternates two structures then folds both. Above it, it follows the latest call,
+# so one large gather does not pad every small one after it.
+_KEEP_BYTES = 1 << 16
+
+
+@dataclass
+class _Fold:
+    backend: str
+    words: int = _META_WORDS  # header words every process reserves
+    payload: int | None = None  # payload bytes every process reserves; None: take two collectives
+
+
+_CPU = torch.device("cpu")
+
+# Per process group, so a group destroyed and created again starts over (the same on every rank).
+_FOLDS: weakref.WeakKeyDictionary[Any, _Fold] = weakref.WeakKeyDictionary()
+
+
+def gather_tensors(data: Any, world: int) -> list[torch.Tensor]:
+    """Every tensor of ``data`` (in ``nested.apply``'s order) gathered from all processes along dim 0, in rank order."""
+    walk = _walk(data)
+    words = _describe(walk)
+    group = dist.group.WORLD
+    fold = _FOLDS.get(group)
+    if fold is None:
+        fold = _FOLDS[group] = _Fold(backend=dist.get_backend(group))
+    tensors = [tensor.detach() for tensor in walk.tensors]  # collectives write untracked tensors
+    if fold.payload is not None:
+        done = _gather_folded(walk, words, tensors, fold, world)
+        if isinstance(done, list):
+            return done
+        table, results = done
+    else:
+        # The header exchange is sized by the agreed reservation and grows in a second round if needed.
+        table = _table_from_rows("gather", walk, _all_gather_words(words, world, fold.words))
+        _check_gatherable(table)
+        table.tensors = tensors
+        results = _gather_checked(table, world)
+    fold.words = max(fold.words, _header_words(table))
+    fold.payload = _reserve(max(_payloads(table)), fold.payload)
+    return results
+
+
+def _gather_folded(
+    walk: Any, words: list[int], tensors: list[torch.Tensor], fold: _Fold, world: int
+) -> list[torch.Tensor] | tuple[_Table, list[torch.Tensor]]:
+    """The one-collective gather: its results when every process sent the same header, else the table too."""
+    assert fold.payload is not None
+    header = fold.words * 8
+    block = header + fold.payload
+    device = _device(fold, tensors)
+    # A header longer than the reservation goes truncated: its first word, the length, tells everyone.
+    sent = words[: fold.words]
+    parts = [torch.tensor(sent + [0] * (fold.words - len(sent)), dtype=torch.int64, device=device).view(torch.uint8)]
+    mine = [tensor.element_size() * tensor.numel() for tensor in tensors]
+    used = sum(mine)
+    if used <= fold.payload:
+        parts += [tensor.contiguous().view(-1).view(torch.uint8).to(device) for tensor in tensors]
+    else:
+        used = 0
+    if used < fold.payload:
+        parts.append(torch.empty(fold.payload - used, dtype=torch.uint8, device=device))  # never read
+    local = torch.cat(parts) if len(parts) > 1 else parts[0]
+    gathered = torch.empty(world * block, dtype=torch.uint8, device=device)
+    _gather_into(gathered, local)
+    blocks = gathered.view(world, block)
+    rows = gathered.view(torch.int64).view(world, block // 8)[:, : fold.words].tolist()
+    if rows[0][0] <= fold.words and not rows[0][1] and used == sum(mine) and all(row == rows[0] for row in rows[1:]):
+        # Every process sent this one's header: same structure, dtypes and shapes, all data here.
+        fold.payload = _reserve(used, fold.payload)
+        return _same_shapes(blocks, header, tensors, mine, world)
+    needed = max(row[0] for row in rows)
+    if needed > fold.words:  # some header did not fit: every process sees it and exchanges again
+        rows = _all_gather_words(words, world, needed)
+    table = _table_from_rows("gather", walk, rows)
+    _check_gatherable(table)
+    table.tensors = tensors
+    if needed > fold.words or max(_payloads(table)) > fold.payload:
+        return table, _gather_checked(table, world)
+    return table, _uneven_rows(blocks, header, table, world)
+
+
+def _same_shapes(
+    blocks: torch.Tensor, header: int, tensors: list[torch.Tensor], sizes: list[int], world: int
+) -> list[torch.Tensor]:
+    results = []
+    at = header
+    for tensor, size in zip(tensors, sizes, strict=True):
+        joined = blocks[:, at : at + size].contiguous().view(tensor.dtype)
+        results.append(joined.view(world * _rows(tuple(tensor.shape)), *tensor.shape[1:]).to(tensor.device))
+        at += size
+    return results
+
+
+def _uneven_rows(blocks: torch.Tensor, header: int, table: _Table, world: int) -> list[torch.Tensor]:
+    results = []
+    offsets = [header] * world
+    for i, tensor in enumerate(table.tensors):
+        pieces = []
+        for r in range(world):
+            size = tensor.element_size() * _numel(table.shapes[i][r])
+            pieces.append(blocks[r, offsets[r] : offsets[r] + size])
+            offsets[r] += size
+        rows_total = sum(_rows(shape) for shape in table.shapes[i])
+        joined = torch.cat(pieces).view(tensor.dtype).view(rows_total, *tensor.shape[1:])
+        results.append(joined.to(tensor.device))
+    return results
+
+
+def _device(fold: _Fold, tensors: list[torch.Tensor]) -> torch.device:
+    # As _transfer._data_device, with the group's backend read once.
+    if fold.backend in ("gloo", "mpi") or not tensors:
+        return _CPU if fold.backend in ("gloo", "mpi") else _meta_device()
+    if fold.backend in ("nccl", "xla"):
+        return _meta_device()
+    return tensors[0].device
+
+
+def _reserve(largest: int, reserved: int | None) -> int | None:
+    if largest > _FOLD_BYTES:
+        return None
+    kept = max(largest, reserved or 0)
+    kept = kept if kept <= _KEEP_BYTES else largest
+    return -(-kept // 8) * 8  # whole int64 words, so each block's header reads as int64 in place
+
+
+def _payloads(table: _Table) -> list[int]:
+    """Each process's payload in bytes, from the agreed table (dtypes already checked equal)."""
+    world = len(table.shapes[0]) if table.shapes else 0
+    sizes = [0] * max(world, 1)
+    for tensor, shapes in zip(table.tensors, table.shapes, strict=True):
+        for r, shape in enumerate(shapes):
+            sizes[r] += tensor.element_size() * _numel(shape)
+    return sizes
+
+
+def _header_words(table: _Table) -> int:
+    """The longest header any process sent, from the agreed table."""
+    world = len(table.shapes[0]) if table.shapes else 1
+    return max(_HEADER + sum(2 + len(shapes[r]) for shapes in table.shapes) for r in range(world))
+
+
+def _check_gatherable(table: _Table) -> None:
+    for i, path in enumerate(table.paths):
+        at = f" at {path}" if path else ""
+        if len(set(table.dtypes[i])) > 1:
+            names = [_dtype_name(code) for code in table.dtypes[i]]
+            raise DistributedOperationException(
+                f"gather: dtypes differ across processes{at}: {_by_rank(names)}; cast them to one dtype"
+            )
+        if len({shape[1:] for shape in table.shapes[i]}) > 1:
+            raise DistributedOperationException(
+                f"gather: shapes differ across processes beyond dim 0{at}: {_by_rank(map(str, table.shapes[i]))}; "
+                "pad them with pad_across_processes or make them agree"
+            )
