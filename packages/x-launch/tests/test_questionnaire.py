@@ -56,7 +56,7 @@ def test_invalid_answers_are_asked_again_with_the_reason(run, tmp_path: Path) ->
         "70000",
         "29501",
         "c10d",
-        "4",
+        "2",
         "fp32",
         "bf16",
         "",
@@ -73,6 +73,38 @@ def test_invalid_answers_are_asked_again_with_the_reason(run, tmp_path: Path) ->
     assert (saved["num_machines"], saved["machine_rank"], saved["main_process_ip"]) == (2, 1, "10.0.0.1")
     assert (saved["main_process_port"], saved["rdzv_backend"], saved["num_processes"]) == (29501, "c10d", 4)
     assert saved["mixed_precision"] == "bf16" and saved["use_cpu"] is True
+    # Asked per machine, written as the whole job's count, as the launcher reads it.
+    assert "How many processes on each machine?" in out.stdout
+
+
+def test_several_machines_with_every_default_launches(run, tmp_path: Path, console_script) -> None:
+    # The issue: these answers once wrote distributed_type NO, 2 machines and 1 process, which the
+    # launcher refused ("num_processes 1 is not a multiple of num_machines 2").
+    answers = ["several machines", "", "", "", "127.0.0.1", "", "", "", "", ""]
+    out = run(answers, "--config_file", str(tmp_path / "two.yaml"))
+    assert out.returncode == 0, out.stderr
+    saved = yaml.safe_load((tmp_path / "two.yaml").read_text())
+    assert (saved["distributed_type"], saved["num_machines"], saved["num_processes"]) == ("MULTI_CPU", 2, 2)
+    (tmp_path / "train.py").write_text("pass\n")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("X_LAUNCH_", "X_CONFIG_FILE", "SLURM_"))}
+    plan = subprocess.run(
+        [console_script("x-launch"), "--config_file", str(tmp_path / "two.yaml"), "--dry-run", "train.py"],
+        capture_output=True,
+        text=True,
+        env=clean,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert plan.returncode == 0, plan.stderr
+    assert "--nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 127.0.0.1 --master-port 29500" in plan.stdout
+
+
+def test_input_that_ends_early_aborts_without_a_file(run, tmp_path: Path) -> None:
+    out = run(["several machines", "MULTI_CPU", "3"], "--config_file", str(tmp_path / "never.yaml"))
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == "Aborted."
+    assert "Traceback" not in out.stdout + out.stderr
+    assert not (tmp_path / "never.yaml").exists()
 
 
 def test_fsdp_and_deepspeed_essentials_land_in_their_sections(run, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ import click
 from x_launch.launch_config import TABLE
 from x_launch.option import Option, flag_spellings
 
-__all__ = ["setting_options"]
+__all__ = ["option_help", "setting_options"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,11 +29,38 @@ def _alias_options(row: Option) -> list[Callable[[F], F]]:
     ]
 
 
+def option_help(row: Option) -> str:
+    """``--help`` text of ``row``'s option: its own, else its meaning, what it takes, its default and key.
+
+    Written from the row so that the text cannot drift from what the config file accepts.
+
+    Examples:
+        >>> from x_launch.launch_config import TABLE
+        >>> option_help(next(row for row in TABLE if row.flag == "num_processes"))
+        'Processes in the whole job. Takes an integer >= 1; default 1. Config key: num_processes.'
+    """
+    if row.cli_help:
+        return row.cli_help
+    first = row.doc.split(" ", 1)[0]
+    # "torch.compile backend" and "FSDP1 ..." keep their spelling; a plain word starts a sentence.
+    doc = row.doc[:1].upper() + row.doc[1:] if first.isalpha() and first.islower() else row.doc
+    sub = row.key.rpartition(".")[2]
+    key = f"{sub} in {row.section}" if row.section else row.key  # wraps at a space, not inside the key
+    if row.switch:
+        return f"{doc}. Config key: {key}."
+    default = "" if row.default is None else f"; default {_shown(row.default)}"
+    return f"{doc}. Takes {row.describe()}{default}. Config key: {key}."
+
+
+def _shown(value: object) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 def _click_option(row: Option) -> Callable[[F], F]:
     if row.switch:
         # default None, not False: an absent --cpu must not override the config file's use_cpu.
-        return click.option(*row.cli, row.flag, is_flag=True, default=None, help=row.cli_help)
-    return click.option(*row.cli, row.flag, default=None, metavar="VALUE", help=row.cli_help)
+        return click.option(*row.cli, row.flag, is_flag=True, default=None, help=option_help(row))
+    return click.option(*row.cli, row.flag, default=None, metavar="VALUE", help=option_help(row))
 
 
 def setting_options(flags: Iterable[str] | None = None) -> Callable[[F], F]:

@@ -46,7 +46,8 @@ def _carried(var: env.EnvVar, section: str, **row: Any) -> Any:
     Its flag is ``accelerate launch``'s, ``--<key>`` and ``--<key-with-dashes>`` (``cli=True``).
     """
     row.setdefault("cli", True)
-    return option(var.kind, var.default, section=section, env=var, doc=var.doc, **row)
+    row.setdefault("doc", var.doc)  # a row may say more than the variable's terse doc
+    return option(var.kind, var.default, section=section, env=var, **row)
 
 
 _DYNAMO, _FSDP, _DS = "dynamo_config", "fsdp_config", "deepspeed_config"
@@ -95,21 +96,26 @@ class LaunchConfig(Mapping[str, Setting]):
     main_process_port: int = option(
         Int(minimum=0, maximum=65535),
         29500,
-        doc="rendezvous port; 0 or unset on one machine: a free one",
+        doc="rendezvous port on machine 0 (0, or unset on one machine: a free one)",
         cli=_cli("main_process_port"),
         question="Port on that machine (0 picks a free one)?",
     )
     rdzv_backend: str = option(
         Choice(("static", "c10d")),
         "static",
-        doc="torchrun rendezvous",
+        doc="how torchrun's machines meet: static (fixed ranks) or c10d",
         cli=_cli("rdzv_backend"),
         question="Rendezvous backend?",
     )
     max_restarts: int = option(
         Int(minimum=0), 0, doc="restarts of the whole group after a failure", cli=_cli("max_restarts")
     )
-    rdzv_conf: str | None = option(Str(), None, doc="torchrun --rdzv-conf (key=value,...)", cli=_cli("rdzv_conf"))
+    rdzv_conf: str | None = option(
+        Str(),
+        None,
+        doc="extra rendezvous settings passed to torchrun --rdzv-conf (key=value,...)",
+        cli=_cli("rdzv_conf"),
+    )
     rdzv_timeout: int = option(
         Int(minimum=1),
         600,
@@ -119,13 +125,15 @@ class LaunchConfig(Mapping[str, Setting]):
     max_cpu_processes: int | None = option(
         Int(minimum=1),
         None,
-        doc="CPU processes one machine may start; default 8 per logical core",
+        doc="CPU processes one machine may start (unset: 8 per logical core)",
         cli=_cli("max_cpu_processes"),
     )
     monitor_interval: float | None = option(
         Float(minimum=0.0), None, doc="seconds between torchrun's checks of its workers", cli=_cli("monitor_interval")
     )
-    role: str | None = option(Str(), None, doc="torchrun --role: the workers' name in its logs", cli=("--role",))
+    role: str | None = option(
+        Str(), None, doc="the workers' name in torchrun's logs (torchrun --role)", cli=("--role",)
+    )
     gpu_ids: str = option(
         GpuIds(),
         "all",
@@ -136,7 +144,7 @@ class LaunchConfig(Mapping[str, Setting]):
     num_cpu_threads_per_process: int | None = option(
         Int(minimum=1),
         None,
-        doc="OMP_NUM_THREADS of each process; default: physical cores / processes on this machine",
+        doc="OMP_NUM_THREADS of each process (unset: physical cores / processes on this machine)",
         cli=_cli("num_cpu_threads_per_process"),
     )
     # --- what the training processes get ----------------------------------------------------
@@ -182,7 +190,11 @@ class LaunchConfig(Mapping[str, Setting]):
         cli_help="Run on this host's TPU devices through torch_xla; each process calls --main_training_function.",
     )
     main_training_function: str = option(
-        Str(), "main", doc="function of the script each TPU process calls", cli=_cli("main_training_function")
+        Str(),
+        "main",
+        doc="function of the script each TPU process calls",
+        cli=_cli("main_training_function"),
+        question="Function of the script each TPU process calls?",
     )
     downcast_bf16: bool = option(
         Bool(),
@@ -191,6 +203,7 @@ class LaunchConfig(Mapping[str, Setting]):
         cli=_cli("downcast_bf16"),
         switch=True,
         cli_help="With --tpu and --mixed_precision bf16, also store float32 tensors as bfloat16.",
+        question="Store float32 tensors as bfloat16 too (XLA_DOWNCAST_BF16)?",
     )
     # --- dynamo_config ----------------------------------------------------------------------
     dynamo_backend: str = option(
@@ -230,7 +243,9 @@ class LaunchConfig(Mapping[str, Setting]):
         cli=True,
         question="Layer classes to wrap (e.g. LlamaDecoderLayer)?",
     )
-    fsdp_min_num_params: int = _carried(env.FSDP_MIN_NUM_PARAMS, _FSDP)
+    fsdp_min_num_params: int = _carried(
+        env.FSDP_MIN_NUM_PARAMS, _FSDP, question="Parameters a block needs to be sharded as a unit?"
+    )
     fsdp_offload_params: bool = _carried(env.FSDP_OFFLOAD_PARAMS, _FSDP, question="Offload parameters to CPU?")
     fsdp_state_dict_type: str = _carried(env.FSDP_STATE_DICT_TYPE, _FSDP, question="Checkpoint layout?")
     fsdp_activation_checkpointing: bool = _carried(
@@ -238,32 +253,68 @@ class LaunchConfig(Mapping[str, Setting]):
     )
     fsdp_cpu_ram_efficient_loading: bool = _carried(env.FSDP_CPU_RAM_EFFICIENT_LOADING, _FSDP)
     fsdp_sync_module_states: bool = _carried(env.FSDP_SYNC_MODULE_STATES, _FSDP)
-    fsdp_use_orig_params: bool = _carried(env.FSDP_USE_ORIG_PARAMS, _FSDP)
+    fsdp_use_orig_params: bool = _carried(
+        env.FSDP_USE_ORIG_PARAMS, _FSDP, doc="FSDP1: let the optimizer see the original parameters (use_orig_params)"
+    )
     fsdp_forward_prefetch: bool = _carried(env.FSDP_FORWARD_PREFETCH, _FSDP)
-    fsdp_backward_prefetch: str = _carried(env.FSDP_BACKWARD_PREFETCH, _FSDP)
+    fsdp_backward_prefetch: str = _carried(
+        env.FSDP_BACKWARD_PREFETCH, _FSDP, doc="FSDP1: when backward gathers the next block's parameters"
+    )
     # --- deepspeed_config -------------------------------------------------------------------
-    deepspeed_config_file: str | None = _carried(env.DEEPSPEED_CONFIG_FILE, _DS)
-    zero_stage: int | None = _carried(env.DEEPSPEED_ZERO_STAGE, _DS, question="ZeRO stage?")
+    deepspeed_config_file: str | None = _carried(
+        env.DEEPSPEED_CONFIG_FILE, _DS, doc="path of a DeepSpeed JSON config file (as hf_ds_config)"
+    )
+    zero_stage: int | None = _carried(
+        env.DEEPSPEED_ZERO_STAGE,
+        _DS,
+        doc="DeepSpeed ZeRO stage: 0 none, 1 shards optimizer state, 2 also gradients, 3 also parameters",
+        question="ZeRO stage?",
+    )
     offload_optimizer_device: str = _carried(
         env.DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE, _DS, question="Optimizer state on?"
     )
     offload_param_device: str = _carried(env.DEEPSPEED_OFFLOAD_PARAM_DEVICE, _DS, question="Parameters on?")
-    offload_optimizer_nvme_path: str | None = option(Str(), None, section=_DS, cli=True)
-    offload_param_nvme_path: str | None = option(Str(), None, section=_DS, cli=True)
+    offload_optimizer_nvme_path: str | None = option(
+        Str(),
+        None,
+        section=_DS,
+        doc="folder on an NVMe drive for optimizer state, with offload_optimizer_device nvme",
+        cli=True,
+        question="Folder on the NVMe drive for optimizer state?",
+    )
+    offload_param_nvme_path: str | None = option(
+        Str(),
+        None,
+        section=_DS,
+        doc="folder on an NVMe drive for parameters, with offload_param_device nvme",
+        cli=True,
+        question="Folder on the NVMe drive for parameters?",
+    )
     # --gradient_accumulation_steps sets this one too (one flag per name, as in Accelerate).
     deepspeed_gradient_accumulation_steps: int | None = option(
-        Int(minimum=1), None, key=f"{_DS}.gradient_accumulation_steps", question="Gradient accumulation steps?"
+        Int(minimum=1),
+        None,
+        key=f"{_DS}.gradient_accumulation_steps",
+        doc="micro-batches per optimizer step under DeepSpeed (--gradient_accumulation_steps sets it too)",
+        question="Gradient accumulation steps?",
     )
     gradient_clipping: float | None = _carried(
         env.DEEPSPEED_GRADIENT_CLIPPING, _DS, question="Gradient clipping (max norm)?"
     )
     zero3_init_flag: bool = _carried(env.DEEPSPEED_ZERO3_INIT, _DS)
     zero3_save_16bit_model: bool = _carried(env.DEEPSPEED_ZERO3_SAVE_16BIT_MODEL, _DS)
-    deepspeed_multinode_launcher: str | None = option(Str(), None, section=_DS)
-    deepspeed_hostfile: str | None = option(Str(), None, section=_DS)
-    deepspeed_inclusion_filter: str | None = option(Str(), None, section=_DS)
-    deepspeed_exclusion_filter: str | None = option(Str(), None, section=_DS)
-    deepspeed_moe_layer_cls_names: str | None = option(StrList(joined=True), None, section=_DS, cli=True)
+    # Accelerate's multi-node DeepSpeed launcher keys: accepted, but x starts torchrun on every machine.
+    deepspeed_multinode_launcher: str | None = option(Str(), None, section=_DS, doc="accepted; x always uses torchrun")
+    deepspeed_hostfile: str | None = option(Str(), None, section=_DS, doc="accepted; x always uses torchrun")
+    deepspeed_inclusion_filter: str | None = option(Str(), None, section=_DS, doc="accepted; x always uses torchrun")
+    deepspeed_exclusion_filter: str | None = option(Str(), None, section=_DS, doc="accepted; x always uses torchrun")
+    deepspeed_moe_layer_cls_names: str | None = option(
+        StrList(joined=True),
+        None,
+        section=_DS,
+        doc="mixture-of-experts layer classes DeepSpeed treats as leaves (e.g. MixtralSparseMoeBlock)",
+        cli=True,
+    )
 
     # Where each value came from, by config key; a key missing here has its default.
     sources: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)

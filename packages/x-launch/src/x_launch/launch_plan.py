@@ -92,7 +92,7 @@ def build_plan(
         raise ConfigError(f"machine_rank {rank} must be below num_machines {machines} (ranks start at 0)")
     # fp16 with --cpu runs, as under accelerate launch: the runtime computes in fp32 and says so.
     if settings.mixed_precision == "bf16" and not settings.use_cpu and not settings.tpu:
-        _check_bf16(gpus)
+        preflight.check_bf16(gpus)
     if module and no_python:
         raise ConfigError("--module and --no_python contradict each other: pick one")
     if tee == "0":
@@ -323,16 +323,3 @@ def _process_environment(
     if threads is not None:
         values[env.OMP_NUM_THREADS.name] = str(threads)
     return values
-
-
-def _check_bf16(capabilities: list[tuple[int, int]]) -> None:
-    """Refuse bf16 when every GPU here predates it (compute capability below 8.0, e.g. V100, T4).
-
-    Read through NVML, without torch; a machine without NVIDIA GPUs trains bf16 on its CPU.
-    """
-    if capabilities and all(major < 8 for major, _ in capabilities):
-        found = ", ".join(sorted({f"{major}.{minor}" for major, minor in capabilities}))
-        raise ConfigError(
-            f"mixed_precision bf16 needs GPUs of compute capability 8.0 or newer (Ampere+); these have {found}: "
-            "use fp16, or --cpu"
-        )

@@ -15,7 +15,14 @@ from pathlib import Path
 
 from x_launch.config_file import ConfigError, LaunchRefused
 
-__all__ = ["CPU_PROCESSES_PER_CORE", "check_cpu_processes", "check_gpu_processes", "check_port", "resolve_host"]
+__all__ = [
+    "CPU_PROCESSES_PER_CORE",
+    "check_bf16",
+    "check_cpu_processes",
+    "check_gpu_processes",
+    "check_port",
+    "resolve_host",
+]
 
 # Past a few processes per core CPU training only slows down, and at some hundreds the machine
 # runs out of processes or threads (150 on 2 cores died with BlockingIOError): refuse well before.
@@ -116,4 +123,18 @@ def resolve_host(host: str) -> None:
         raise ConfigError(
             f"--main_process_ip {host} does not resolve ({reason}): give machine 0's IP address or a name "
             "every machine can resolve"
+        )
+
+
+def check_bf16(capabilities: list[tuple[int, int]]) -> None:
+    """Refuse bf16 when every GPU here predates it (compute capability below 8.0, e.g. V100, T4).
+
+    ``capabilities`` are read through NVML, without torch; a machine without NVIDIA GPUs trains
+    bf16 on its CPU.
+    """
+    if capabilities and all(major < 8 for major, _ in capabilities):
+        found = ", ".join(sorted({f"{major}.{minor}" for major, minor in capabilities}))
+        raise ConfigError(
+            f"mixed_precision bf16 needs GPUs of compute capability 8.0 or newer (Ampere+); these have {found}: "
+            "use fp16, or --cpu"
         )
