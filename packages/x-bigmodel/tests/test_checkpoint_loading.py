@@ -302,32 +302,7 @@ def test_missing_checkpoint_and_empty_folder(tmp_path) -> None:
         load_checkpoint_in_model(meta_net(), tmp_path)
 
 
-# --- progress ---------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("show", [True, False])
-def test_progress_bar_on_and_off(tmp_path, capsys, monkeypatch, show) -> None:
-    pytest.importorskip("tqdm")
-    monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.delenv("WORLD_SIZE", raising=False)
-    monkeypatch.delenv("SLURM_PROCID", raising=False)
-    write_sharded(tmp_path, reference_state())
-    load_checkpoint_in_model(meta_net(), tmp_path, show_progress=show)
-    err = capsys.readouterr().err
-    assert ("Loading checkpoint shards" in err and "3/3" in err) is show
-    if not show:
-        assert err == ""
-
-
-def test_no_progress_bar_off_the_main_process(tmp_path, capsys, monkeypatch) -> None:
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    write_sharded(tmp_path, reference_state())
-    load_checkpoint_in_model(meta_net(), tmp_path)
-    assert capsys.readouterr().err == ""
+# --- progress: see test_load_progress.py ---------------------------------------------------
 
 
 # --- memory -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from x_bigmodel.device_keys import DeviceKey, device_key, in_filling_order
+from x_bigmodel.device_keys import DeviceKey, check_devices_exist, device_key, in_filling_order
 from x_common.devices import list_devices
 from x_common.host_memory import host_memory
 from x_common.sizes import parse_size
@@ -20,6 +20,7 @@ __all__ = [
     "GPU_MARGIN_BYTES",
     "GPU_MARGIN_FRACTION",
     "UNLIMITED_DISK",
+    "check_budget_devices",
     "get_max_memory",
     "with_disk",
 ]
@@ -107,3 +108,15 @@ def with_disk(budgets: Mapping[DeviceKey, int]) -> dict[DeviceKey, int]:
     result = dict(budgets)
     result.setdefault("disk", UNLIMITED_DISK)
     return in_filling_order(result)
+
+
+def check_budget_devices(max_memory: Mapping[Any, int | str] | None) -> None:
+    """Refuse ``max_memory`` keys naming devices this process lacks, when loading here.
+
+    ``get_max_memory`` keeps them (a map may be planned for another machine); a load cannot use them.
+
+    Raises:
+        ValueError: ``max_memory[7] is GPU 7, but ...; the devices here are ...``, or an invalid key.
+    """
+    if max_memory:
+        check_devices_exist((f"max_memory[{key!r}]", device_key(key)) for key in max_memory)

@@ -26,10 +26,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from x_bigmodel.checkpoint_files import _SAFETENSORS_SUFFIX, _open, resolve_checkpoint_files
+from x_bigmodel.checkpoint_files import _SAFETENSORS_SUFFIX, _open, _Reader, resolve_checkpoint_files
 from x_bigmodel.device_keys import storage_device
 from x_bigmodel.device_plan import DeviceMap, DevicePlan
-from x_bigmodel.load_plan import alias_groups, check_keys, plan_load, planned_dtype
+from x_bigmodel.load_plan import LoadPlan, alias_groups, check_keys, plan_load, planned_dtype
+from x_bigmodel.load_progress import ByteProgress, byte_progress
 from x_bigmodel.offload_weights import write_offload_files, write_offload_index
 from x_bigmodel.tensor_placement import _assign_all, _wrap_like, set_module_tensor_to_device, torch_dtype
 
@@ -92,8 +93,10 @@ def load_checkpoint_in_model(
             with a warning.
         allow_missing_keys: warn instead of raising when model tensors are not in the checkpoint
             (they keep their current value, or stay on meta).
-        show_progress: a tqdm bar over the checkpoint files on stderr, when tqdm is installed and
-            this is the main process (rank 0).
+        show_progress: a progress bar of the bytes read (with rate and time left) on stderr,
+            shown on the main process when stderr is a terminal and the load reads at least
+            ``x_bigmodel.load_progress.PROGRESS_MIN_BYTES`` (1 GiB); ``False`` never shows it
+            (nor does ``TQDM_DISABLE=1``).
         mmap: CPU tensors kept in the checkpoint's dtype are the safetensors file's own pages,
             mapped privately and faulted in during the call (no copy: processes loading the same
             file share its page cache, and the first forward pays nothing). The mapping is
@@ -163,6 +166,8 @@ def load_planned(
     folder, ``dtype`` a ``torch.dtype``. The plan is read as is, not resolved again. ``names``
     maps checkpoint keys to model names where they differ (see ``plan_load``).
     """
+    if plan is not None:
+        plan.check_present()
     fp32_modules = [tuple(m.split(".")) for m in keep_in_fp32_modules or ()]
     expected = model.state_dict(keep_vars=True)
     aliases = alias_groups(expected)
@@ -186,10 +191,11 @@ def load_planned(
 
     offload_index: OffloadIndex = {}
     by_file = load_plan.by_file()
-    for path in _progress(list(by_file), show_progress):
-        names = by_file[path]
-        to_load = []
-        for name in names:
+    # Decided for every file first: the progress bar needs the bytes to read before the first read.
+    to_load: dict[Path, list[tuple[str, torch.device]]] = {}
+    for path, names_in_file in by_file.items():
+        to_load[path] = []
+        for name in names_in_file:
             device = _target(name, plan, expected[name])
             planned = load_plan.tensors[name]
             tensor_dtype = planned_dtype(name, expected[name], planned, dtype, fp32_modules)
@@ -198,35 +204,25 @@ def load_planned(
                 if path.name.endswith(_SAFETENSORS_SUFFIX):
                     offload_index[name].update(safetensors_file=str(path.resolve()), key=planned.key)
                 continue
-            to_load.append((name, torch.device("cpu") if device == "disk" else device))
-        with _open(path) as reader:
-            # In file order: the reads then go through the file front to back.
-            ordered = sorted(to_load, key=lambda item: reader.offset(load_plan.tensors[item[0]].key))
-            planned_list = [load_plan.tensors[n] for n, _ in ordered]
-            dtypes = [
-                planned_dtype(n, expected[n], p, dtype, fp32_modules)
-                for (n, _), p in zip(ordered, planned_list, strict=True)
-            ]
-            if mmap:
-                reader.map_in(
-                    [
-                        p.key
-                        for (_, d), p, t in zip(ordered, planned_list, dtypes, strict=True)
-                        if reader.can_map(p.key, d, t)
-                    ]
-                )
-            for (name, device), planned, tensor_dtype in zip(ordered, planned_list, dtypes, strict=True):
-                new = reader.load(planned.key, device, tensor_dtype, mapped=mmap)
-                _assign_all(model, aliases[name], _wrap_like(expected[name], new))
-            unsaved = [n for n in names if n in offload_index and "safetensors_file" not in offload_index[n]]
-            if unsaved:
-                # A torch file cannot be read in place: its disk tensors go to one safetensors file.
-                assert offload_folder is not None  # checked before loading
-                saved = write_offload_files(
-                    {n: reader.get(load_plan.tensors[n].key) for n in unsaved}, offload_folder, path.stem
-                )
-                for name in unsaved:
-                    offload_index[name].update(safetensors_file=saved[name]["safetensors_file"], key=saved[name]["key"])
+            to_load[path].append((name, torch.device("cpu") if device == "disk" else device))
+    total = sum(load_plan.tensors[name].nbytes for loading in to_load.values() for name, _ in loading)
+    with byte_progress(total, show_progress) as advance:
+        for path, loading in to_load.items():
+            with _open(path) as reader:
+                _load_file(model, reader, loading, load_plan, aliases, expected, dtype, fp32_modules, mmap, advance)
+                unsaved = [
+                    n for n in by_file[path] if n in offload_index and "safetensors_file" not in offload_index[n]
+                ]
+                if unsaved:
+                    # A torch file cannot be read in place: its disk tensors go to one safetensors file.
+                    assert offload_folder is not None  # checked before loading
+                    saved = write_offload_files(
+                        {n: reader.get(load_plan.tensors[n].key) for n in unsaved}, offload_folder, path.stem
+                    )
+                    for name in unsaved:
+                        offload_index[name].update(
+                            safetensors_file=saved[name]["safetensors_file"], key=saved[name]["key"]
+                        )
     if offload_folder is not None and offload_index:
         write_offload_index(Path(offload_folder), offload_index)
     return offload_index
@@ -240,15 +236,34 @@ def _target(name: str, plan: DevicePlan | None, current: torch.Tensor) -> torch.
     return "disk" if key == "disk" else storage_device(key)
 
 
-def _progress(files: list[Path], show_progress: bool) -> Iterable[Path]:
-    if not show_progress:
-        return files
-    from x_common.process_env import process_env
-
-    if process_env().rank != 0:
-        return files
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return files
-    return tqdm(files, desc="Loading checkpoint shards", unit="file")
+def _load_file(
+    model: nn.Module,
+    reader: _Reader,
+    loading: list[tuple[str, torch.device]],
+    load_plan: LoadPlan,
+    aliases: Mapping[str, list[str]],
+    expected: Mapping[str, torch.Tensor],
+    dtype: torch.dtype | None,
+    fp32_modules: list[tuple[str, ...]],
+    mmap: bool,
+    advance: ByteProgress,
+) -> None:
+    """Read ``loading`` (names and devices) from the open ``reader`` into ``model``, in file order."""
+    # In file order: the reads then go through the file front to back.
+    ordered = sorted(loading, key=lambda item: reader.offset(load_plan.tensors[item[0]].key))
+    planned_list = [load_plan.tensors[n] for n, _ in ordered]
+    dtypes = [
+        planned_dtype(n, expected[n], p, dtype, fp32_modules) for (n, _), p in zip(ordered, planned_list, strict=True)
+    ]
+    mapped = {
+        p.key
+        for (_, d), p, t in zip(ordered, planned_list, dtypes, strict=True)
+        if mmap and reader.can_map(p.key, d, t)
+    }
+    # Mapped tensors are read here, as their pages are faulted in; the others as each is loaded.
+    reader.map_in(sorted(mapped), advance)
+    for (name, device), planned, tensor_dtype in zip(ordered, planned_list, dtypes, strict=True):
+        new = reader.load(planned.key, device, tensor_dtype, mapped=mmap)
+        if planned.key not in mapped:
+            advance(planned.nbytes)
+        _assign_all(model, aliases[name], _wrap_like(expected[name], new))

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from x_bigmodel.device_keys import OFFLOAD_TARGETS, DeviceKey, device_key
+from x_bigmodel.device_keys import OFFLOAD_TARGETS, DeviceKey, check_devices_exist, device_key
 from x_bigmodel.tensor_placement import _as_device
 from x_common.module_sizes import tensor_infos
 
@@ -108,6 +108,16 @@ class DevicePlan:
         """Where ``"cpu"`` and ``"disk"`` entries run by default: the first accelerator, else the CPU."""
         accelerators = self.accelerators
         return _as_device(accelerators[0]) if accelerators else torch.device("cpu")
+
+    def check_present(self) -> None:
+        """Refuse a plan naming a device this process does not have, before any weight moves.
+
+        A plan may be made for another machine; loading or dispatching it needs its devices here.
+
+        Raises:
+            ValueError: ``device_map['lm_head'] is GPU 7, but ...; the devices here are ...``.
+        """
+        check_devices_exist((f"device_map[{name!r}]", key) for name, key in self.entries.items())
 
     def as_dict(self) -> dict[str, DeviceKey]:
         """The map as a plain dict (what ``model.hf_device_map`` holds)."""

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from x_bigmodel.budgets import check_budget_devices
 from x_bigmodel.checkpoint_files import resolve_checkpoint_files
 from x_bigmodel.checkpoint_loading import load_planned
 from x_bigmodel.device_map import plan_device_map
@@ -136,6 +137,7 @@ def load_checkpoint_and_dispatch(
         ([[2.0, 3.0]], 'meta')
     """
     del offload_state_dict  # nothing to offload: the loader never builds the state dict
+    check_budget_devices(max_memory)
     if no_split_module_classes is None:
         no_split_module_classes = getattr(model, "_no_split_modules", None)
     plan = None

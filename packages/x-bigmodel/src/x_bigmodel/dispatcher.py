@@ -20,7 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from x_bigmodel.device_keys import OFFLOAD_TARGETS, run_device, storage_device
+from x_bigmodel.device_keys import (
+    OFFLOAD_TARGETS,
+    DeviceKey,
+    check_devices_exist,
+    device_key,
+    run_device,
+    storage_device,
+)
 from x_bigmodel.device_plan import DevicePlan
 from x_bigmodel.dispatch_tensors import (
     ResidentTensor,
@@ -58,6 +65,8 @@ def dispatch_planned(
 
     See ``x_bigmodel.dispatch.dispatch_model`` for the arguments.
     """
+    plan.check_present()
+    check_devices_exist(_named_keys(main_device=main_device, output_device=output_device))
     remove_hook_from_module(model, recurse=True)
     main = _as_device(main_device) if main_device is not None else plan.main_device()
     output = _as_device(output_device) if output_device is not None else main
@@ -145,3 +154,15 @@ def dispatch_planned(
 
     attach_hooks(model, plan, main, output, blocks, skip, prefetch=prefetch)
     return model
+
+
+def _named_keys(**devices: int | str | torch.device | None) -> list[tuple[str, DeviceKey]]:
+    """The device keys of the arguments given; spellings with no key (``"xpu"``) are left to torch."""
+    keys = []
+    for name, device in devices.items():
+        if device is not None:
+            try:
+                keys.append((name, device_key(device)))
+            except ValueError:
+                continue
+    return keys

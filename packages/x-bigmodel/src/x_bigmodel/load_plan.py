@@ -26,12 +26,13 @@ _MAX_LISTED = 10
 
 @dataclass(frozen=True, kw_only=True)
 class PlannedTensor:
-    """Where one model tensor is in the checkpoint: ``file``, ``key`` in it, ``shape``, ``file_dtype``."""
+    """Where one model tensor is in the checkpoint: ``file``, ``key`` in it, ``shape``, ``file_dtype``, ``nbytes``."""
 
     file: Path
     key: str
     shape: tuple[int, ...]
     file_dtype: str  # as the file names it, e.g. "float16"
+    nbytes: int = 0  # as stored in the file
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +90,9 @@ def plan_load(
                     )
                 if plan is not None:
                     plan.device_for(name)  # fail before loading if unplaced
-                tensors[name] = PlannedTensor(file=path, key=key, shape=shape, file_dtype=reader.dtype(key))
+                tensors[name] = PlannedTensor(
+                    file=path, key=key, shape=shape, file_dtype=reader.dtype(key), nbytes=reader.nbytes(key)
+                )
     return LoadPlan(tensors=tensors, unexpected=tuple(unexpected))
 
 

@@ -52,7 +52,7 @@ class FileWeight:
 
     def __init__(self, file: SafetensorsFile, key: str, dtype: torch.dtype) -> None:
         self.file, self.key, self.dtype = file, key, dtype
-        self.entry = file.entries[key]
+        self.entry = file.entry(key)
 
     def in_place(self, device: torch.device) -> bool:
         return device.type == "cpu" and self.dtype == self.entry.dtype

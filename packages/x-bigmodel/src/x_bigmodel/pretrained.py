@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from x_bigmodel.budgets import check_budget_devices
 from x_bigmodel.checkpoint_files import _open
 from x_bigmodel.checkpoint_loading import load_planned
 from x_bigmodel.device_keys import storage_device
@@ -51,7 +52,7 @@ def from_pretrained(
     cache_dir: str | os.PathLike[str] | None = None,
     local_files_only: bool = False,
     use_safetensors: bool = True,
-    show_progress: bool = False,
+    show_progress: bool = True,
     **config_overrides: Any,
 ) -> nn.Module:
     """Load a transformers model from ``model`` (a folder, or a Hub id) onto GPUs, then CPU, then disk.
@@ -78,7 +79,8 @@ def from_pretrained(
             initialised the class's way, with a warning); by default that is an error.
         use_safetensors: ``False`` also accepts pickled ``pytorch_model.bin`` weights (read with
             ``torch.load(weights_only=True)``); by default they are refused.
-        show_progress: a progress bar over the checkpoint files.
+        show_progress: a progress bar of the bytes read, on a terminal, for loads of 1 GiB or more
+            (see ``load_checkpoint_in_model``).
         config_overrides: config attributes to set (as ``from_pretrained(..., num_labels=3)``),
             and ``attn_implementation``.
 
@@ -93,6 +95,11 @@ def from_pretrained(
     """
     from transformers import AutoConfig, GenerationConfig
     from transformers.initialization import no_init_weights
+
+    # Devices that are not here fail now, before any file is fetched or weight built.
+    check_budget_devices(max_memory)
+    if isinstance(device_map, Mapping):
+        DevicePlan.from_map(device_map).check_present()
 
     hub = {"revision": revision, "token": token, "cache_dir": cache_dir, "local_files_only": local_files_only}
     attn_implementation = config_overrides.pop("attn_implementation", None)

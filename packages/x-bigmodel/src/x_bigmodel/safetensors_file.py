@@ -10,55 +10,25 @@ The format is an 8-byte little-endian header length, a JSON header ``{name: {"dt
   by a CPU forward; ``populate`` faults a byte range in ahead of use (the prefetch thread calls it)
   and ``release`` hands the pages back to the kernel after use.
 
-The header is checked against the file's size, so a truncated or corrupt file is reported by name
-before anything is read.
+The header is checked as the ``safetensors`` library checks it (``x_bigmodel.safetensors_header``),
+so a truncated or corrupt file is reported by name before anything is read, and a file safetensors
+reads, we read.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import mmap
 import os
-import struct
 import threading
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from x_bigmodel._pages import MADV_POPULATE_READ, advise
+from x_bigmodel.safetensors_header import TensorEntry, parse_header
 
 __all__ = ["SafetensorsFile", "TensorEntry", "open_safetensors"]
-
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U64": torch.uint64,
-    "U32": torch.uint32,
-    "U16": torch.uint16,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-# A header larger than this is not a safetensors file (the format itself caps it at 100 MB).
-_MAX_HEADER = 100 * 2**20
-
-
-class TensorEntry:
-    """Where one tensor lies in its file: absolute byte offset, size, dtype and shape."""
-
-    __slots__ = ("dtype", "nbytes", "offset", "shape")
-
-    def __init__(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> None:
-        self.offset, self.nbytes, self.dtype, self.shape = offset, nbytes, dtype, shape
 
 
 class SafetensorsFile:
@@ -72,7 +42,7 @@ class SafetensorsFile:
         self.path = Path(path)
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            self.entries, self.metadata = _parse_header(self._fd, self.path)
+            self.entries, self.metadata = parse_header(self._fd, self.path)
         except BaseException:
             os.close(self._fd)
             self._fd = -1
@@ -120,9 +90,18 @@ class SafetensorsFile:
     def keys(self) -> list[str]:
         return sorted(self.entries)
 
+    def entry(self, key: str) -> TensorEntry:
+        """Where ``key`` lies, once torch can hold it.
+
+        Raises:
+            ValueError: torch has no dtype for the tensor (F6 formats, a dtype this torch lacks),
+                naming the file, the tensor and the dtype.
+        """
+        return self.entries[key].checked()
+
     def read(self, key: str) -> torch.Tensor:
         """A new tensor holding ``key``'s bytes (its own memory, not the file's)."""
-        entry = self.entries[key]
+        entry = self.entry(key)
         out = torch.empty(entry.shape, dtype=entry.dtype)
         self.read_into(key, out)
         return out
@@ -140,7 +119,7 @@ class SafetensorsFile:
 
     def read_into(self, key: str, out: torch.Tensor) -> None:
         """Fill the contiguous CPU tensor ``out`` (``key``'s shape and dtype) from the file."""
-        entry = self.entries[key]
+        entry = self.entry(key)
         if out.device.type != "cpu" or not out.is_contiguous() or out.dtype != entry.dtype:
             raise ValueError(f"read_into needs a contiguous CPU {entry.dtype} tensor, got {out.dtype} on {out.device}")
         if entry.nbytes == 0:
@@ -159,7 +138,7 @@ class SafetensorsFile:
 
     def view(self, key: str) -> torch.Tensor:
         """A zero-copy tensor over the file's pages (a private map: writes never reach the file)."""
-        entry = self.entries[key]
+        entry = self.entry(key)
         if entry.nbytes == 0:
             return torch.empty(entry.shape, dtype=entry.dtype)
         data = self._mapping()
@@ -192,56 +171,6 @@ class SafetensorsFile:
 
 def open_safetensors(path: str | os.PathLike[str]) -> SafetensorsFile:
     return SafetensorsFile(path)
-
-
-def _parse_header(fd: int, path: Path) -> tuple[dict[str, TensorEntry], dict[str, str]]:
-    size = os.fstat(fd).st_size
-    problem = None
-    header: Any = None
-    start = 0
-    if size < 8:
-        problem = f"it is {size} bytes long, shorter than a safetensors header"
-    else:
-        (length,) = struct.unpack("<Q", os.pread(fd, 8, 0))
-        start = 8 + length
-        if length > _MAX_HEADER or start > size:
-            problem = f"its header claims {length} bytes but the file has {size}"
-        else:
-            try:
-                header = json.loads(os.pread(fd, length, 8))
-                if not isinstance(header, dict):
-                    raise ValueError("the header is not a JSON object")
-            except (UnicodeDecodeError, ValueError) as exc:
-                problem = f"its header is not valid JSON ({exc})"
-    entries: dict[str, TensorEntry] = {}
-    metadata: dict[str, str] = {}
-    end_of_data = 0
-    if problem is None:
-        for name, info in header.items():
-            if name == "__metadata__":
-                metadata = info if isinstance(info, dict) else {}
-                continue
-            try:
-                begin, end = (int(v) for v in info["data_offsets"])
-                dtype = DTYPES[info["dtype"]]
-                shape = tuple(int(d) for d in info["shape"])
-            except (KeyError, TypeError, ValueError):
-                problem = f"its header entry for {name!r} is malformed ({info!r})"
-                break
-            expected = _numel(shape) * dtype.itemsize
-            if end - begin != expected or begin < 0:
-                problem = f"{name!r} spans {end - begin} bytes but shape {list(shape)} of {dtype} needs {expected}"
-                break
-            entries[name] = TensorEntry(start + begin, expected, dtype, shape)
-            end_of_data = max(end_of_data, end)
-        if problem is None and start + end_of_data > size:
-            problem = f"it is {size} bytes long but its header describes {start + end_of_data}"
-    if problem is not None:
-        raise ValueError(
-            f"cannot read checkpoint file {str(path)!r}: {problem}; the file is corrupt or truncated "
-            "(an interrupted download or save?); download or save it again"
-        )
-    return entries, metadata
 
 
 def _numel(shape: tuple[int, ...]) -> int:
