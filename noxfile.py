@@ -1,9 +1,10 @@
 """Sessions for the x monorepo: a table of packages and one helper that installs them.
 
-    nox -t ci                 # what CI runs: every package alone, integration, lint, docs
+    nox -t ci                 # what CI runs: every package alone, integration, installs, lint, docs
     nox -s demo               # the main job
     nox -s tests-x-common -R  # one package, reusing its venv for a fast loop
     nox -s tests_xla_cpu      # XLA on torch_xla's CPU runtime (its own torch; not in CI's run)
+    nox -s build              # the five wheels and sdists into dist/ (pip install --find-links dist ...)
 
 Each ``tests-<package>`` session installs ONLY that package (and x-common) into its own venv,
 checks that no other x package is importable there, and runs that package's tests: this is how
@@ -192,6 +193,44 @@ def compat(session: nox.Session) -> None:
     session.run("python", "compat/run.py", "--out", str(Path(session.create_tmp()) / "compat"), *session.posargs)
 
 
+DIST = ROOT / "dist"
+
+
+def build_dists(session: nox.Session, outdir: Path) -> None:
+    """Build every package's sdist, then its wheel from that sdist (so the sdist is known complete)."""
+    session.install("-c", TOOLS, "build", "hatchling")
+    outdir.mkdir(exist_ok=True)
+    for package in PACKAGES:
+        for old in [*outdir.glob(f"{package.module}-*.whl"), *outdir.glob(f"{package.module}-*.tar.gz")]:
+            old.unlink()
+        # No isolation: the pinned hatchling in this venv builds, not whatever is newest that day.
+        session.run(
+            "python", "-m", "build", "--no-isolation", "--outdir", str(outdir), f"packages/{package.name}", silent=True
+        )
+    session.log(f"built into {outdir}: {', '.join(sorted(p.name for p in outdir.glob('x_*')))}")
+
+
+@session()
+def build(session: nox.Session) -> None:
+    """The five wheels and sdists into dist/; then `pip install --find-links dist x-launch` (or any of them)."""
+    build_dists(session, DIST)
+
+
+@session(tags=("ci",))
+def installs(session: nox.Session) -> None:
+    """Each package from the built wheels into a fresh venv, as the README says, its main command run there.
+
+    Builds dist/ as `nox -s build` does, checks each wheel and sdist (LICENSE, Project-URLs, declared
+    dependencies), then install-tests/ makes one venv per package holding only the pinned torch and
+    runs the README's `pip install --find-links dist ...` line and that package's main command, with
+    no warning allowed on stderr.
+    """
+    build_dists(session, DIST)
+    session.install("-c", TOOLS, *TEST_TOOLS)
+    session.env["X_INSTALL_DIST"] = str(DIST)
+    run_pytest(session, "install-tests")
+
+
 @session(tags=("ci",))
 def lint(session: nox.Session) -> None:
     """ruff check, ruff format --check, actionlint on the workflows."""
@@ -201,15 +240,27 @@ def lint(session: nox.Session) -> None:
     session.run("actionlint", "-no-color", *sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml")))
 
 
-# The CLI reference (docs/cli.md) is rendered from these packages' click commands at build time.
-DOCS_PACKAGES = tuple(p for p in PACKAGES if p.name in ("x-launch", "x-estimate"))
-
-
 @session(tags=("ci",))
 def docs(session: nox.Session) -> None:
-    """Build the docs strictly: a broken link, a missing page, a bad docstring or a CLI that fails to import fails."""
-    install(session, DOCS_PACKAGES, tools=("mkdocs", "mkdocstrings-python"))
-    session.run("mkdocs", "build", "--strict", "--site-dir", str(Path(session.create_tmp()) / "site"))
+    """Build the docs strictly, then check every page in headless Chromium; `nox -s docs -- serve` serves them.
+
+    The strict build fails on a broken link, a missing page, a bad docstring or a CLI that fails to
+    import. docs/check/ tests that the quickstart's commands print what the page shows, and
+    docs/check/site_check.py loads each page at 1280 px (Chromium from Debian's
+    packages, installed when absent and running as root): a table or code block overflowing
+    without scrolling, a dead internal link or anchor, or anything loaded from a CDN fails.
+    """
+    # All five packages: docs/check/test_quickstart.py runs the quickstart's commands, and docs/cli.md is
+    # rendered from x-launch's and x-estimate's click commands at build time.
+    install(session, PACKAGES, tools=("mkdocs", "mkdocstrings-python", "pymdown-extensions", "pygments", "pytest"))
+    if session.posargs[:1] == ["serve"]:  # mkdocs prints the address; rebuilds on every save
+        session.run("mkdocs", "serve", *session.posargs[1:])
+        return
+    site = Path(session.create_tmp()).resolve() / "site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site))
+    session.run("python", "-m", "pytest", "docs/check", "-q", "-p", "no:cacheprovider")
+    session.run("python", "docs/check/site_check.py", str(site))
+    session.log(f"docs: the site is in {site} (open {site / 'index.html'}, or serve it: nox -s docs -- serve)")
 
 
 # Command-line tools shown by the demo, on inputs the repository ships.

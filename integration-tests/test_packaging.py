@@ -5,7 +5,10 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import importlib.resources
+import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +19,8 @@ from packaging.version import Version
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("x-common", "x-launch", "x-runtime", "x-bigmodel", "x-estimate")
 SCRIPTS = {"x-launch": "x_launch.cli:main", "x-estimate": "x_estimate.cli:main"}
+REPOSITORY = "https://github.com/x-project/x"
+URL_LABELS = ("Homepage", "Documentation", "Source", "Issues", "Changelog")
 
 
 def module_of(dist: str) -> str:
@@ -80,3 +85,101 @@ def test_console_scripts(dist: str, target: str) -> None:
         ep.name: ep.value for ep in importlib.metadata.entry_points(group="console_scripts") if ep.dist.name == dist
     }
     assert scripts == {dist: target}
+
+
+def test_the_license_is_apache_2_0_in_full_and_every_package_ships_the_same_text() -> None:
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0, January 2004")
+    assert "END OF TERMS AND CONDITIONS" in text and "APPENDIX: How to apply the Apache License" in text
+    for dist in PACKAGES:
+        assert (ROOT / "packages" / dist / "LICENSE").read_text() == text, (
+            f"packages/{dist}/LICENSE differs from LICENSE"
+        )
+
+
+@pytest.mark.parametrize("dist", PACKAGES)
+def test_metadata_names_the_license_file_and_the_project_urls(dist: str) -> None:
+    metadata = importlib.metadata.metadata(dist)
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert metadata.get_all("License-File") == ["LICENSE"]
+    urls = dict(entry.split(", ", 1) for entry in metadata.get_all("Project-URL") or [])
+    assert sorted(urls) == sorted(URL_LABELS), urls
+    assert urls["Homepage"] == REPOSITORY and urls["Issues"] == f"{REPOSITORY}/issues"
+    for label in ("Documentation", "Source", "Changelog"):
+        assert (ROOT / repository_path(urls[label])).exists(), f"{dist}'s {label} URL names no file here: {urls[label]}"
+    assert dist in urls["Documentation"] and urls["Source"].endswith(f"/packages/{dist}")
+
+
+def repository_path(url: str) -> str:
+    """The file or folder a repository URL points at, e.g. ``docs/cli.md`` for .../blob/main/docs/cli.md#x."""
+    match = re.fullmatch(rf"{re.escape(REPOSITORY)}/(?:blob|tree)/main/([^#?]+)(?:#.*)?", url)
+    assert match, f"not a link into {REPOSITORY}/blob/main or /tree/main: {url}"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("dist", PACKAGES)
+def test_readme_links_work_where_the_readme_is_shown_alone(dist: str) -> None:
+    """A package README is shown on its own (an index page, a wheel's metadata): no relative links."""
+    readme = (ROOT / "packages" / dist / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    assert links, f"{dist}'s README links nowhere (ARCHITECTURE.md at least)"
+    for link in links:
+        assert link.startswith("https://"), f"{dist}'s README has a relative link: {link}"
+        if link.startswith(REPOSITORY):
+            assert (ROOT / repository_path(link)).exists(), f"{dist}'s README links to a missing file: {link}"
+
+
+@pytest.mark.parametrize("dist", [d for d in PACKAGES if d != "x-common"])
+def test_readme_shows_the_install_from_a_clone(dist: str) -> None:
+    readme = (ROOT / "packages" / dist / "README.md").read_text()
+    assert f"pip install ./packages/x-common ./packages/{dist}" in readme
+    assert f"pip install --find-links dist {dist}" in readme
+
+
+@pytest.mark.parametrize("dist", PACKAGES)
+def test_a_package_that_imports_torch_declares_numpy(dist: str) -> None:
+    """torch without numpy warns on every import, and its object collectives fail."""
+    requirements = [Requirement(r) for r in importlib.metadata.requires(dist) or []]
+    for extra in [None, *(importlib.metadata.metadata(dist).get_all("Provides-Extra") or [])]:
+        env = {"extra": extra or ""}
+        names = {r.name.lower() for r in requirements if r.marker is None or (extra and r.marker.evaluate(env))}
+        if "torch" in names:
+            assert "numpy" in names, f"{dist}{f'[{extra}]' if extra else ''} requires torch but not numpy"
+
+
+def test_x_bigmodel_requires_tqdm_and_keeps_its_progress_extra() -> None:
+    requirements = [Requirement(r) for r in importlib.metadata.requires("x-bigmodel") or []]
+    assert "tqdm" in {r.name for r in requirements if r.marker is None}
+    assert "progress" in (importlib.metadata.metadata("x-bigmodel").get_all("Provides-Extra") or [])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--version"], ["--no-such-option"], ["definitely-missing-model-folder"]],
+    ids=["version", "bad-flag", "bad-model"],
+)
+@pytest.mark.parametrize("dist", sorted(SCRIPTS))
+def test_python_m_runs_the_console_script(dist: str, args: list[str], tmp_path: Path) -> None:
+    if dist == "x-launch" and args[0].startswith("definitely"):
+        args = ["definitely-missing-script.py"]
+    scripts = Path(sys.executable).parent  # where pip put the console scripts beside this interpreter
+    script = shutil.which(dist, path=str(scripts))
+    assert script, f"no {dist} script beside {sys.executable}"
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    env["PATH"] = f"{scripts}{os.pathsep}{env.get('PATH', '')}"
+    by_script = subprocess.run([script, *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    by_module = subprocess.run(
+        [sys.executable, "-m", module_of(dist), *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
+    )
+    assert (by_module.returncode, by_module.stdout, by_module.stderr) == (
+        by_script.returncode,
+        by_script.stdout,
+        by_script.stderr,
+    )
+    assert (by_script.returncode == 0) == (args == ["--version"])
+    assert "Traceback" not in by_script.stderr
