@@ -132,6 +132,26 @@ def _package_session(package: Package) -> None:
 for _package in PACKAGES:
     _package_session(_package)
 
+ESTIMATE = next(p for p in PACKAGES if p.name == "x-estimate")
+
+
+@session(name="coverage-estimate", tags=("ci",))
+def coverage_estimate(session: nox.Session) -> None:
+    """x-estimate's Total Size over every transformers model type and timm's registry (sampled).
+
+    Fails below 99% exact of the types transformers (or timm) itself builds, printing each failure.
+    X_COVERAGE_SAMPLE=N / X_TIMM_SAMPLE=N check every N-th type; X_COVERAGE_WORKERS sets the processes.
+    """
+    install(session, (ESTIMATE,), torch=ESTIMATE.torch, tools=(*TEST_TOOLS, *ESTIMATE.test_deps))
+    run_pytest(
+        session,
+        "packages/x-estimate/tests/test_coverage.py",
+        "packages/x-estimate/tests/test_timm_coverage.py",
+        "-m",
+        "coverage",
+        "-s",
+    )
+
 
 @session(tags=("ci",))
 def tests_deepspeed(session: nox.Session) -> None:

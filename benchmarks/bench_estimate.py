@@ -13,6 +13,12 @@ estimate, building the model as Accelerate does) and plain (a repeat estimate, a
 cache that this script keeps in a temporary folder). Accelerate only reads Hub repos, so its Hub
 lookup is replaced by the local config.json; the rest of its command runs unchanged. Both tools'
 tables are checked, because a fast wrong answer is no answer.
+
+A second table times the simulated training estimate (issue 18) on examples/configs/llama-3.1-8b
+at 8192 tokens (`--seq-len 8192 --fits 80GiB`): importing transformers' Llama module (the floor),
+the formula estimate (`--method formula`), the simulated one (a real step on fake tensors) and
+`accelerate estimate-memory` on the same config (no training step: a sum of sizes). Target: the
+simulated estimate within SIM_TARGET times the import floor.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import time
 from pathlib import Path
 
 TARGET = 1.4  # x-estimate may cost at most this many times `import torch`
+SIM_TARGET = 3.0  # the simulated 8B estimate may cost at most this many times importing modeling_llama
+LLAMA_8B = Path(__file__).resolve().parent.parent / "examples" / "configs" / "llama-3.1-8b"
 
 ACCELERATE = """
 import json, sys, types
@@ -141,6 +149,45 @@ def main() -> None:
     ratio = medians[COLD] / base
     verdict = "met" if ratio <= TARGET else "NOT met"
     print(f"target: x-estimate --no-cache <= {TARGET}x `import torch`: {verdict} ({ratio:.2f}x)")
+    simulated_8b(x_estimate, args.repeat)
+
+
+def simulated_8b(x_estimate: str, repeat: int) -> None:
+    """Time the simulated Llama-3.1-8B estimate at 8k tokens against its import floor."""
+    floor, formula, simulated, acc = (
+        "import modeling_llama", "x-estimate --method formula", "x-estimate (simulated)", ACC,
+    )  # fmt: skip
+    inputs = [str(LLAMA_8B), "--seq-len", "8192", "--fits", "80GiB", "--no-cache"]
+    commands = {
+        floor: [sys.executable, "-c", "import transformers.models.llama.modeling_llama"],
+        formula: [x_estimate, *inputs, "--method", "formula"],
+        simulated: [x_estimate, *inputs],
+    }
+    if version("accelerate") != "not installed":
+        commands[acc] = [sys.executable, "-c", ACCELERATE, str(LLAMA_8B), "--dtypes", "float32"]
+    with tempfile.TemporaryDirectory() as cache:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": cache}
+        out = run(simulated, commands[simulated], env)[1]  # warm-up, and the answer is checked
+        if "Training peak (adamw, simulated)" not in out or "peak in backward" not in out:
+            sys.exit(f"{simulated}: no simulated training figures in its output:\n{out}")
+        for name, argv in commands.items():
+            if name != simulated:
+                run(name, argv, env)
+        times: dict[str, list[float]] = {name: [] for name in commands}
+        for _ in range(repeat):
+            for name, argv in commands.items():
+                times[name].append(run(name, argv, env)[0])
+    medians = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"\nllama-3.1-8b config, --seq-len 8192 --fits 80GiB, all five rows; median of {repeat} runs")
+    print("| command | median wall s | ratio to importing modeling_llama |")
+    print("|---|---|---|")
+    for name, seconds in medians.items():
+        print(f"| {name} | {seconds:.2f} | {seconds / medians[floor]:.2f} |")
+    if acc in medians:
+        print(f"simulated / Accelerate: {medians[simulated] / medians[acc]:.2f}")
+    ratio = medians[simulated] / medians[floor]
+    verdict = "met" if ratio <= SIM_TARGET else "NOT met"
+    print(f"target: simulated estimate <= {SIM_TARGET}x importing modeling_llama: {verdict} ({ratio:.2f}x)")
 
 
 if __name__ == "__main__":

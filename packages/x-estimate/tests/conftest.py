@@ -22,6 +22,20 @@ import pytest
 HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "coverage: a pass over every model type (slow); runs only with -m coverage")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The coverage passes build every model type twice: deselected unless -m asks for them.
+    if "coverage" in (config.getoption("-m") or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("coverage") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("coverage") is None]
+
+
 @dataclass
 class CliResult:
     code: int

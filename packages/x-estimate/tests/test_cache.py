@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+from x_estimate.summary import SUMMARY_FORMAT
+
 # Runs x_estimate.cli.main in a fresh interpreter, then reports which heavy modules it imported.
 PROBE = textwrap.dedent(
     """
@@ -37,7 +39,7 @@ def test_second_run_hits_the_cache_with_identical_output(model_dir, configs, cli
     assert len(entry.stem) == 64  # a sha256 hex digest
     saved = json.loads(entry.read_text())
     assert saved["class_name"] == "GPT2LMHeadModel"
-    assert saved["format"] == 1
+    assert saved["format"] == SUMMARY_FORMAT
     second = cli(folder, "--seq-len", "32")
     assert second.out == first.out
     assert _entries(summary_cache) == [entry]

@@ -39,7 +39,7 @@ def test_llama3_8b_kv_cache_is_one_gib_at_8192_tokens(model_dir, configs, cli, p
     assert rows["bfloat16"]["activation_bytes"] == acts
     assert rows["bfloat16"]["activation_bytes_checkpointed"] == 32 * 2 * 8192 * 4096
     assert rows["int4"]["activation_bytes"] is None  # no training row, no activations
-    table = parse_table(cli(folder, "--seq-len", "8192", "--dtypes", "bfloat16").out)
+    table = parse_table(cli(folder, "--seq-len", "8192", "--dtypes", "bfloat16", "--method", "formula").out)
     assert table["dtype"][3:] == ["KV cache", "Activations", "Activations (ckpt)"]
     assert table["bfloat16"][3] == "1.00 GiB"
     assert table["bfloat16"][5] == "2.00 GiB"  # 32 layers * 2 * 8192 * 4096 B
@@ -81,11 +81,13 @@ def test_sliding_window_layers_are_capped(model_dir, cli) -> None:
     )
     folder = model_dir(config)
     rows = cli(folder, "--seq-len", "64", "--dtypes", "bfloat16", "--json").json["rows"]
-    positions = 16 + 64 + 16 + 64
-    assert rows[0]["kv_cache_bytes"] == 2 * 2 * 32 * positions * 2
+    positions = 15 + 64 + 15 + 64  # transformers keeps window - 1 positions of a sliding layer
+    # + 16 B when the cache is measured (summary.py passing the model): each sliding layer's
+    # int64 window counter, which the config formula (keys and values only) leaves out.
+    assert rows[0]["kv_cache_bytes"] - 2 * 2 * 32 * positions * 2 in (0, 16)
     # Below the window every layer holds the whole sequence.
     short = cli(folder, "--seq-len", "8", "--dtypes", "bfloat16", "--json").json["rows"]
-    assert short[0]["kv_cache_bytes"] == 2 * 2 * 32 * 8 * 4 * 2
+    assert short[0]["kv_cache_bytes"] - 2 * 2 * 32 * 8 * 4 * 2 in (0, 16)
 
 
 def test_sliding_window_without_layer_types_caps_every_layer(configs) -> None:
@@ -97,7 +99,7 @@ def test_sliding_window_without_layer_types_caps_every_layer(configs) -> None:
         )
     )
     assert shape == AttentionShape(3, 64, 4, 2, 16, (16, 16, 16))
-    assert kv_cache_bytes(shape, seq_len=100, batch_size=1, bytes_per_value=2) == 2 * 2 * 16 * 16 * 3 * 2
+    assert kv_cache_bytes(shape, seq_len=100, batch_size=1, bytes_per_value=2) == 2 * 2 * 16 * 15 * 3 * 2
 
 
 def test_encoder_model_has_no_kv_cache_but_has_activations(model_dir, configs, cli) -> None:
@@ -128,7 +130,7 @@ def test_activations_follow_the_training_precision(model_dir, configs, cli) -> N
 def test_bert_base_activations_in_the_table(model_dir, cli, parse_table) -> None:
     from transformers import BertConfig
 
-    text = cli(model_dir(BertConfig(vocab_size=28996)), "--base-model", "--seq-len", "128").out
+    text = cli(model_dir(BertConfig(vocab_size=28996)), "--base-model", "--seq-len", "128", "--method", "formula").out
     table = parse_table(text)
     # 12 * 128 * 768 * (34 + 5 * 12 * 128 / 768) = 51,904,512 B in 16 bits; checkpointed 12 * 2 * 128 * 768.
     assert table["bfloat16"][3:6] == ["-", "49.50 MiB", "2.25 MiB"]
@@ -174,3 +176,31 @@ def test_attention_shape_none_without_the_fields() -> None:
         hidden_size = 64
 
     assert attention_shape(NoHeads()) is None
+
+
+@pytest.mark.parametrize(
+    "model_type", ["gemma4_text", "embedding_gemma2_text", "dots3_note_text", "neomme", "diffusion_gemma", "musicgen"]
+)
+def test_per_layer_attributes_do_not_sink_the_attention_shape(model_type) -> None:
+    # Heterogeneous configs raise AmbiguousGlobalPerLayerAttributeError on a global read of a
+    # per-layer attribute (MusicGen: a ValueError for its two text configs); that attribute is
+    # then unknown, and the rest of the estimate stands.
+    from transformers import CONFIG_MAPPING
+
+    config = CONFIG_MAPPING[model_type]()
+    shape = attention_shape(config)
+    text = config.get_text_config() if model_type != "musicgen" else config
+    if shape is not None:
+        assert shape.layers == text.num_hidden_layers
+        assert len(shape.windows) == shape.layers
+
+
+def test_heterogeneous_config_is_estimated_without_seq_len(model_dir, cli) -> None:
+    from transformers import Gemma4TextConfig
+
+    config = Gemma4TextConfig()
+    config.architectures = ["Gemma4ForCausalLM"]
+    result = cli(model_dir(config), "--dtypes", "bfloat16", "--json")
+    assert result.code == 0, result.err
+    assert result.json["class"] == "Gemma4ForCausalLM"
+    assert result.json["rows"][0]["total_bytes"] > 0

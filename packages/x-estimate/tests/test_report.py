@@ -78,6 +78,9 @@ def test_json_structure(bert_base, cli) -> None:
         "seq_len": 16,
         "batch_size": 1,
         "fits": None,
+        "method": "simulate",  # --seq-len given: auto simulates
+        "attn_implementation": None,
+        "activation_checkpointing": False,
     }
     assert [r["dtype"] for r in data["rows"]] == ["float32", "int8"]
     for row in data["rows"]:
@@ -106,7 +109,20 @@ def test_json_structure(bert_base, cli) -> None:
         "gathered_layer",
         "total",
         "bytes_per_param",
+        "method",
+        "activation_peak_bytes",
+        "peak_bytes",
+        "at_peak",
+        "steady_bytes",
+        "peak_phase",
+        "notes",
     }
+    training = data["rows"][0]["training"]
+    assert training["method"] == "simulate"
+    assert set(training["at_peak"]) == {
+        "weights", "gradients", "optimizer_state", "activations", "logits", "temporaries", "master", "gathered_layer"
+    }  # fmt: skip
+    assert sum(training["at_peak"].values()) == training["peak_bytes"]
     assert data["rows"][1]["training"] is None
     assert all(isinstance(a, str) and a for a in data["assumptions"])
 
@@ -130,8 +146,8 @@ def test_fits_boundaries_are_inclusive_and_count_kv_and_activations(model_dir, c
     folder = model_dir(configs.gpt2())
     n = 172_288
 
-    def fits(*args):
-        return cli(folder, "--dtypes", "float32", *args, "--json").json["rows"][0]
+    def fits(*args):  # the formulas: their figures are known in closed form
+        return cli(folder, "--dtypes", "float32", "--method", "formula", *args, "--json").json["rows"][0]
 
     assert fits("--fits", n * 4)["fits"] == {"inference": True, "training": False, "training_checkpointed": None}
     assert fits("--fits", n * 4 - 1)["fits"]["inference"] is False
@@ -156,7 +172,7 @@ def test_fits_boundaries_are_inclusive_and_count_kv_and_activations(model_dir, c
         "training": False,
         "training_checkpointed": True,
     }
-    text = cli(folder, "--dtypes", "float32", "--seq-len", 64, "--fits", budget).out
+    text = cli(folder, "--dtypes", "float32", "--method", "formula", "--seq-len", 64, "--fits", budget).out
     assert parse_table(text)["float32"][-1] == "load yes, train no (yes with activation checkpointing)"
 
 

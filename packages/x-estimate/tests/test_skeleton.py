@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -167,3 +168,97 @@ def test_auto_map_without_trust_remote_code_is_refused(model_dir, configs) -> No
         f"{folder} defines its model in its own code (auto_map in config.json); read that code, "
         "then pass --trust_remote_code to run it"
     )
+
+
+def test_a_named_json_file_is_read_not_its_folders_config_json(model_dir, configs, cli) -> None:
+    folder = model_dir(configs.llama(num_hidden_layers=2))
+    big = configs.llama(num_hidden_layers=6, hidden_size=128)
+    (folder / "big.json").write_text(big.to_json_string())
+    with torch.device("meta"):
+        truth = type(build_skeleton(resolve_source(str(folder))).model)(big)
+    data = cli(folder / "big.json", "--dtypes", "float32", "--json").json
+    assert data["rows"][0]["total_bytes"] == _real_sizes(truth)[1]
+    assert data["parameters"] == _real_sizes(truth)[0]
+    small = cli(folder, "--dtypes", "float32", "--json").json
+    assert small["rows"][0]["total_bytes"] < data["rows"][0]["total_bytes"]
+
+
+def test_two_hundred_thousand_layers_are_refused_in_seconds(model_dir, configs, run_python) -> None:
+    import time
+
+    from x_estimate.config_checks import MAX_LAYERS
+
+    folder = model_dir(configs.llama(num_hidden_layers=200_000))
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over fork and exec, so a child of a large
+    # pytest process would report its parent's size; the high-water mark is the new image's own.
+    code = (
+        "import re, sys\n"
+        "from x_estimate.cli import main\n"
+        "try:\n    main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n"
+        "    hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read()).group(1)\n"
+        "    print(exc.code, hwm)\n"
+    )
+    start = time.monotonic()
+    out = run_python(code, folder, timeout=60)
+    elapsed = time.monotonic() - start
+    assert elapsed < 30, elapsed
+    exit_code, max_rss_kib = out.stdout.split()
+    assert exit_code == "1"
+    assert int(max_rss_kib) < 2 * 2**20  # under 2 GiB: the layers were never built
+    line = out.stderr.strip()
+    assert "\n" not in line
+    assert line.endswith(
+        f"sets num_hidden_layers to 200,000; x-estimate builds at most {MAX_LAYERS:,} layers "
+        "(published models have under 200): check the config"
+    )
+
+
+def test_layer_bound_applies_to_nested_configs(model_dir, configs) -> None:
+    folder = model_dir({**configs.llama().to_dict(), "text_config": {"num_hidden_layers": 5000}})
+    with pytest.raises(EstimateError, match=r"sets text_config.num_hidden_layers to 5,000;"):
+        build_skeleton(resolve_source(str(folder)))
+
+
+def test_list_sizes_transformers_accepts_are_built(model_dir) -> None:
+    # Swin: num_heads is one count per stage; refused before as "not a positive integer".
+    from transformers import SwinConfig, SwinModel
+
+    config = SwinConfig(embed_dim=16, depths=[1, 1], num_heads=[2, 4], image_size=32, window_size=4)
+    config.architectures = ["SwinModel"]
+    skeleton = build_skeleton(resolve_source(str(model_dir(config))))
+    with torch.device("meta"):
+        truth = SwinModel(config)
+    assert skeleton.class_name == "SwinModel"
+    assert _real_sizes(skeleton.model) == _real_sizes(truth)
+
+
+def test_zero_size_that_breaks_the_build_is_named(model_dir, configs) -> None:
+    folder = model_dir({**configs.bert().to_dict(), "num_attention_heads": 0})
+    with pytest.raises(EstimateError) as info:
+        build_skeleton(resolve_source(str(folder)))
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.endswith("(config.json sets num_attention_heads to 0)")
+
+
+def test_tying_follows_the_class_not_tie_word_embeddings(model_dir) -> None:
+    # LUKE ties its entity head, not its word decoder, even with tie_word_embeddings=True.
+    from transformers import LukeConfig, LukeForMaskedLM
+
+    config = LukeConfig(
+        vocab_size=100, entity_vocab_size=50, hidden_size=32, entity_emb_size=16, num_hidden_layers=1,
+        num_attention_heads=2, intermediate_size=64, tie_word_embeddings=True, architectures=["LukeForMaskedLM"],
+    )  # fmt: skip
+    skeleton = build_skeleton(resolve_source(str(model_dir(config))))
+    with torch.device("meta"):
+        truth = LukeForMaskedLM._from_config(config, dtype=torch.float32)
+    assert _real_sizes(skeleton.model) == _real_sizes(truth)
+    assert skeleton.model.lm_head.decoder.weight is not skeleton.model.luke.embeddings.word_embeddings.weight
+
+
+@pytest.mark.parametrize(("key", "value"), [("hidden_size", -64), ("num_attention_heads", [2, -1]), ("n_head", 2.5)])
+def test_negative_or_fractional_sizes_are_refused_by_name(key, value, model_dir, configs) -> None:
+    folder = model_dir({**configs.bert().to_dict(), key: value})
+    with pytest.raises(EstimateError, match=re.escape(f"sets {key} to {value!r}; it must be a positive integer") + "$"):
+        build_skeleton(resolve_source(str(folder)))

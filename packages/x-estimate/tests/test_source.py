@@ -32,6 +32,15 @@ def test_path_to_a_config_json_file(model_dir, configs, cli) -> None:
     assert by_file["rows"] == by_folder["rows"]
 
 
+def test_a_file_of_another_name_is_the_file_read(model_dir, configs) -> None:
+    folder = model_dir(configs.gpt2())
+    (folder / "big.json").write_text(configs.gpt2(n_layer=5).to_json_string())
+    source = resolve_source(str(folder / "big.json"))
+    assert (source.config_file, source.config_dir) == (folder / "big.json", folder)
+    assert source.config["n_layer"] == 5
+    assert resolve_source(str(folder)).config_file == folder / "config.json"
+
+
 def test_hub_id_is_served_from_the_local_cache_while_offline(hub_cache, configs, run_script) -> None:
     # The real console script, offline, with only the cache layout huggingface_hub writes.
     hub_cache("acme/tiny-gpt2", configs.gpt2().to_dict())

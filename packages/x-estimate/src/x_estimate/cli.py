@@ -16,10 +16,12 @@ from x_common import env
 from x_estimate._version import __version__
 from x_estimate.quantized import INT4_FORMATS
 from x_estimate.report import DTYPES
+from x_estimate.simulated_rows import METHODS
 from x_estimate.source import LIBRARIES
 from x_estimate.training import OPTIMIZERS, PRECISIONS, SHARDS
 
 _SIZE_HELP = "a size such as 80GiB or 40GB"
+ATTENTIONS = ("eager", "sdpa")
 
 
 class _Size(click.ParamType):
@@ -66,6 +68,19 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
     return out
 
 
+def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
+    """``--seq_len 8`` reads as ``--seq-len 8``: Accelerate's underscore spelling of every dashed option."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--":
+            return out + argv[i:]
+        name, eq, value = arg.partition("=")
+        if name.startswith("--") and "_" in name and name not in known and name.replace("_", "-") in known:
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, no_args_is_help=True)
 @click.argument("model")
 @click.option(
@@ -86,8 +101,18 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
     is_flag=True,
     help="Run the model's own code from its repo (read it first).",
 )
-@click.option("--base-model", is_flag=True, help="Build the bare AutoModel, without task head, as Accelerate does.")
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)
+@click.option(
+    "--base-model",
+    is_flag=True,
+    help="Build the bare AutoModel, without task head, as Accelerate does.",
+)
+@click.option(
+    "--optimizer",
+    type=click.Choice(OPTIMIZERS),
+    default="adamw",
+    show_default=True,
+    help="Optimizer whose state training holds (adamw8bit: formula only).",
+)
 @click.option(
     "--precision",
     type=click.Choice(("auto", *PRECISIONS)),
@@ -110,9 +135,42 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
     show_default=True,
     help="Devices training shares the model over.",
 )
-@click.option("--shard", type=click.Choice(SHARDS), default="none", show_default=True)
-@click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence: adds KV cache and activations.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--shard",
+    type=click.Choice(SHARDS),
+    default="none",
+    show_default=True,
+    help="How training state is divided over --num-gpus devices (ZeRO stage or FSDP).",
+)
+@click.option(
+    "--seq-len",
+    type=click.IntRange(min=1),
+    help="Tokens per sequence: adds KV cache and activations, and simulates a training step.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Sequences per step on each device.",
+)
+@click.option(
+    "--method",
+    type=click.Choice(METHODS),
+    default="auto",
+    show_default=True,
+    help="Training figures: simulate a real step on fake tensors, or the formulas; auto simulates when --seq-len is given.",
+)
+@click.option(
+    "--attn-implementation",
+    type=click.Choice(ATTENTIONS),
+    help="Attention kernel of the simulated step (default: what transformers picks).",
+)
+@click.option(
+    "--activation-checkpointing",
+    is_flag=True,
+    help="Train with activation checkpointing (model.gradient_checkpointing_enable()).",
+)
 @click.option("--fits", type=_Size(), help=f"Say which rows fit in this memory ({_SIZE_HELP}).")
 @click.option(
     "--token",
@@ -135,9 +193,15 @@ def _command(model: str, **kw: Any) -> None:
       x-estimate meta-llama/Llama-3.1-8B --seq-len 8192 --fits 80GiB
       x-estimate resnet50 --library_name timm
       x-estimate gpt2 --num-gpus 8 --shard zero3 --precision mixed-bf16 --json
+      x-estimate ./my-model --seq-len 2048 --batch-size 4 --method formula
+
+    With --seq-len the Training column is a simulated training step (fake tensors, no data).
+    Every dashed option also takes its underscore spelling (--seq_len, --batch_size, ...).
     """
     from x_estimate.errors import EstimateError
 
+    if kw["method"] == "simulate" and kw["seq_len"] is None:
+        raise click.UsageError("--method simulate needs --seq-len (a step needs inputs); add --seq-len N")
     try:
         _run(model, **kw)
     except Exception as exc:
@@ -151,8 +215,9 @@ def _command(model: str, **kw: Any) -> None:
         sys.exit(1)
 
 
-def _summary(model: str, kw: dict[str, Any]) -> tuple[Any, str]:
-    """The model's summary and where it came from: the cache when this config was seen before."""
+def _summary(model: str, kw: dict[str, Any]) -> tuple[Any, str, Any, str | None]:
+    """The model's summary, where it came from, its source (None for a cached timm name) and
+    its cache key (None when not cached)."""
     from x_estimate import cache
     from x_estimate.source import ModelSource, resolve_source
 
@@ -162,26 +227,79 @@ def _summary(model: str, kw: dict[str, Any]) -> tuple[Any, str]:
         # A timm registry name: answer from the cache before paying for importing timm.
         key = cache.summary_key(library="timm", config=None, timm_name=model, base_model=kw["base_model"])
         if (hit := cache.load_summary(key)) is not None:
-            return hit, "timm registry"
+            return hit, "timm registry", None, key
     source: ModelSource = resolve_source(model, kw["library_name"], token=kw["token"])
     key = cache.summary_key(
         library=source.library, config=source.config, timm_name=source.timm_name, base_model=kw["base_model"]
     )
     if use_cache and (hit := cache.load_summary(key)) is not None:
-        return hit, source.origin
+        return hit, source.origin, source, key
     from x_estimate.skeleton import build_skeleton
     from x_estimate.summary import summarize
 
     summary = summarize(build_skeleton(source, base_model=kw["base_model"], trust_remote_code=kw["trust_remote_code"]))
     if use_cache:
         cache.save_summary(key, summary)
-    return summary, source.origin
+    return summary, source.origin, source, key if use_cache else None
+
+
+def _warn_long_sequence(source: Any, seq_len: int | None) -> None:
+    config = (source.config if source is not None else None) or {}
+    for cfg in (config, config.get("text_config") or {}):
+        limit = next((cfg[k] for k in ("max_position_embeddings", "n_positions") if isinstance(cfg.get(k), int)), None)
+        if seq_len is not None and limit is not None and seq_len > limit:
+            click.echo(
+                f"Warning: --seq-len {seq_len} is beyond the model's max_position_embeddings ({limit}); "
+                "the figures assume it can run that long",
+                err=True,
+            )
+            return
+
+
+def _simulations(model: str, source: Any, options: Any, kw: dict[str, Any]) -> Any:
+    from x_estimate.report import row_precisions
+    from x_estimate.simulated_rows import run_simulations
+    from x_estimate.source import resolve_source
+
+    def build() -> Any:
+        from x_estimate.skeleton import build_skeleton
+
+        src = source if source is not None else resolve_source(model, kw["library_name"], token=kw["token"])
+        return build_skeleton(src, base_model=kw["base_model"], trust_remote_code=kw["trust_remote_code"])
+
+    return run_simulations(
+        build,
+        row_precisions(options),
+        optimizer=options.optimizer,
+        batch_size=options.batch_size,
+        seq_len=options.seq_len,
+        checkpointing=options.activation_checkpointing,
+        attn_implementation=options.attn_implementation,
+    )
+
+
+def _cached_simulations(model: str, source: Any, options: Any, kw: dict[str, Any], summary_key: str | None) -> Any:
+    from x_estimate import simulation_cache
+    from x_estimate.report import row_precisions
+
+    key = (
+        None if summary_key is None else simulation_cache.simulation_key(summary_key, options, row_precisions(options))
+    )
+    if key is not None and (hit := simulation_cache.load_simulations(key)) is not None:
+        return hit
+    simulations = _simulations(model, source, options, kw)
+    if key is not None and not simulations.reason:
+        simulation_cache.save_simulations(key, simulations, options)
+    return simulations
 
 
 def _run(model: str, **kw: Any) -> None:
+    from x_estimate.errors import EstimateError
     from x_estimate.report import Options, build_report
 
-    summary, origin = _summary(model, kw)
+    summary, origin, source, summary_key = _summary(model, kw)
+    _warn_long_sequence(source, kw["seq_len"])
+    simulate = kw["method"] == "simulate" or (kw["method"] == "auto" and kw["seq_len"] is not None)
     options = Options(
         dtypes=tuple(dict.fromkeys(kw["dtypes"])) or DTYPES,
         optimizer=kw["optimizer"],
@@ -192,8 +310,14 @@ def _run(model: str, **kw: Any) -> None:
         seq_len=kw["seq_len"],
         batch_size=kw["batch_size"],
         fits=kw["fits"],
+        method="simulate" if simulate else "formula",
+        attn_implementation=kw["attn_implementation"],
+        activation_checkpointing=kw["activation_checkpointing"],
     )
-    report = build_report(summary, name=model, origin=origin, options=options)
+    simulations = _cached_simulations(model, source, options, kw, summary_key) if simulate else None
+    if kw["method"] == "simulate" and simulations is not None and simulations.reason:
+        raise EstimateError(f"cannot simulate the training step: {simulations.reason}; use --method formula")
+    report = build_report(summary, name=model, origin=origin, options=options, simulations=simulations)
     click.echo(json.dumps(report.as_dict(), indent=2) if kw["as_json"] else report.as_text())
 
 
@@ -201,7 +325,9 @@ def main(argv: list[str] | None = None) -> None:
     """Console entry point."""
     args = sys.argv[1:] if argv is None else argv
     try:
-        code = _command.main(args=_spread_multi_value(args, "--dtypes"), prog_name="x-estimate", standalone_mode=False)
+        known = {o for p in _command.params for o in (*p.opts, *p.secondary_opts)}
+        args = _spread_multi_value(_dashed_options(args, known), "--dtypes")
+        code = _command.main(args=args, prog_name="x-estimate", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else "Usage: x-estimate [OPTIONS] MODEL", err=True)
         sys.exit(2)

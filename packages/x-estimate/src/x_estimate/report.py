@@ -9,11 +9,14 @@ from x_common.module_sizes import sizes_of
 from x_common.sizes import format_size
 from x_estimate.inference import activation_bytes, kv_cache_bytes
 from x_estimate.layers import largest_unit, placement_units
+from x_estimate.peak import PeakFigures, formula_peak, simulated_peak
 from x_estimate.quantized import quantized_sizes
+from x_estimate.simulated_rows import Simulations
 from x_estimate.summary import ModelSummary
 from x_estimate.training import TrainingMemory, training_memory
+from x_estimate.training_text import breakdown_lines, training_notes
 
-__all__ = ["DTYPES", "Options", "Report", "Row", "build_report"]
+__all__ = ["DTYPES", "Options", "Report", "Row", "build_report", "row_precisions"]
 
 DTYPES = ("float32", "float16", "bfloat16", "int8", "int4")
 _ROW_PRECISION = {"float32": "fp32", "float16": "mixed-fp16", "bfloat16": "mixed-bf16"}
@@ -31,6 +34,9 @@ class Options:
     seq_len: int | None = None
     batch_size: int = 1
     fits: int | None = None
+    method: str = "formula"  # what the CLI resolved --method to: "simulate" or "formula"
+    attn_implementation: str | None = None
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -44,11 +50,13 @@ class Row:
     activations: int | None = None
     activations_checkpointed: int | None = None
     quantized_weights: int = 0
+    peak: PeakFigures | None = None
 
     def inference_total(self) -> int:
         return self.total + (self.kv_cache or 0)
 
     def training_total(self, *, checkpointing: bool = False) -> int | None:
+        """The formula's sum: state plus activations (with or without checkpointing)."""
         if self.training is None:
             return None
         activations = self.activations_checkpointed if checkpointing else self.activations
@@ -84,13 +92,16 @@ class Report:
                 "seq_len": opts.seq_len,
                 "batch_size": opts.batch_size,
                 "fits": opts.fits,
+                "method": opts.method,
+                "attn_implementation": opts.attn_implementation,
+                "activation_checkpointing": opts.activation_checkpointing,
             },
             "rows": [
                 {
                     "dtype": r.dtype,
                     "largest_layer": {"name": r.largest_name, "bytes": r.largest},
                     "total_bytes": r.total,
-                    "training": None if r.training is None else r.training.as_dict(),
+                    "training": _training_dict(r),
                     "kv_cache_bytes": r.kv_cache,
                     "activation_bytes": r.activations,
                     "activation_bytes_checkpointed": r.activations_checkpointed,
@@ -107,21 +118,34 @@ class Report:
             f"Memory for `{self.model}`: {self.class_name} ({self.library}, {self.note}; from {self.origin})",
             f"{self.parameters:,} trainable parameters",
         ]
-        headers = ["dtype", "Largest Layer", "Total Size", f"Training ({opts.optimizer})"]
+        simulated = any(r.peak is not None and r.peak.method == "simulate" for r in self.rows)
+        what = f"Training peak ({opts.optimizer}, simulated" if simulated else f"Training ({opts.optimizer}"
+        headers = ["dtype", "Largest Layer", "Total Size", what + ")"]
         if opts.shard != "none":
-            headers[-1] = f"Training ({opts.optimizer}, per device, {opts.shard} over {opts.num_gpus})"
+            headers[-1] = f"{what}, per device, {opts.shard} over {opts.num_gpus})"
         elif opts.num_gpus > 1:
-            headers[-1] = f"Training ({opts.optimizer}, per device, data parallel over {opts.num_gpus})"
+            headers[-1] = f"{what}, per device, data parallel over {opts.num_gpus})"
         if opts.seq_len is not None:
-            headers += ["KV cache", "Activations", "Activations (ckpt)"]
+            # A simulated step has one activation figure, for the checkpointing it ran with.
+            act = "Activations max (ckpt)" if opts.activation_checkpointing else "Activations max"
+            headers += ["KV cache", act] if simulated else ["KV cache", "Activations", "Activations (ckpt)"]
         if opts.fits is not None:
             headers += [f"Fits {format_size(opts.fits)}"]
         table = []
         for r in self.rows:
             cells = [r.dtype, format_size(r.largest), format_size(r.total)]
-            cells.append("-" if r.training is None else format_size(r.training.total))
+            if r.training is None:
+                cells.append("-")
+            elif r.peak is not None and r.peak.method == "simulate":
+                cells.append(format_size(r.peak.peak))
+            else:
+                cells.append(format_size(r.training.total))
             if opts.seq_len is not None:
-                cells += [_opt_size(r.kv_cache), _opt_size(r.activations), _opt_size(r.activations_checkpointed)]
+                if simulated:
+                    sim = r.peak is not None and r.peak.method == "simulate"
+                    cells += [_opt_size(r.kv_cache), format_size(r.peak.activations) if sim else "-"]
+                else:
+                    cells += [_opt_size(r.kv_cache), _opt_size(r.activations), _opt_size(r.activations_checkpointed)]
             if opts.fits is not None:
                 fits = _fits(r, opts.fits)
                 cell = f"load {'yes' if fits['inference'] else 'no'}, train {_yes_no(fits['training'])}"
@@ -134,18 +158,7 @@ class Report:
         if len(names) == 1:
             lines.append(f"Largest layer: {names.pop() or '(whole model)'}, the largest unit a device map keeps whole.")
         lines.append("Training breakdown:")
-        for r in self.rows:
-            t = r.training
-            if t is None:
-                continue
-            parts = f"weights {format_size(t.weights)} + gradients {format_size(t.gradients)} + optimizer state {format_size(t.optimizer_state)}"
-            if t.master:
-                parts += f" + fp32 master {format_size(t.master)}"
-            if t.gathered_layer:
-                parts += f" + gathered layer {format_size(t.gathered_layer)}"
-            lines.append(
-                f"  {r.dtype} ({t.precision}): {parts} = {format_size(t.total)} ({t.bytes_per_param:.2f} B/param)"
-            )
+        lines += breakdown_lines(self.rows)
         lines += [f"- {a}" for a in self.assumptions]
         return "\n".join(lines)
 
@@ -161,7 +174,16 @@ def _opt_size(value: int | None) -> str:
 def _fits(row: Row, budget: int | None) -> dict[str, bool | None]:
     if budget is None:
         return {"inference": None, "training": None, "training_checkpointed": None}
+    if row.peak is not None and row.peak.method == "simulate":
+        # One simulated step, with the checkpointing it ran with: no other figure to offer.
+        return {
+            "inference": row.inference_total() <= budget,
+            "training": row.peak.peak <= budget,
+            "training_checkpointed": None,
+        }
     train, ckpt = row.training_total(), row.training_total(checkpointing=True)
+    if row.peak is not None:
+        train = row.peak.peak
     return {
         "inference": row.inference_total() <= budget,
         "training": None if train is None else train <= budget,
@@ -175,6 +197,16 @@ def _markdown(headers: list[str], rows: list[list[str]]) -> list[str]:
     return [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *[line(r) for r in rows]]
 
 
+def row_precisions(options: Options) -> list[str]:
+    """The training precisions the requested rows use, each once, in row order."""
+    found = [
+        options.precision if options.precision != "auto" else _ROW_PRECISION[d]
+        for d in options.dtypes
+        if d in _ROW_PRECISION
+    ]
+    return list(dict.fromkeys(found))
+
+
 def _unit_parameters(summary: ModelSummary, unit: str) -> int:
     prefix = unit + "."
     return sum(
@@ -184,8 +216,10 @@ def _unit_parameters(summary: ModelSummary, unit: str) -> int:
     )
 
 
-def build_report(summary: ModelSummary, *, name: str, origin: str, options: Options) -> Report:
-    """Rows for every requested dtype, from the model's summary; no torch needed."""
+def build_report(
+    summary: ModelSummary, *, name: str, origin: str, options: Options, simulations: Simulations | None = None
+) -> Report:
+    """Rows for every requested dtype, from the model's summary and, when given, simulated steps."""
     names = [n for t in summary.tensors for n in t.names]
     units = placement_units(summary.modules, names, summary.no_split)
     unit_name, _ = largest_unit(sizes_of(summary.tensors, "float32"), units)
@@ -223,11 +257,35 @@ def build_report(summary: ModelSummary, *, name: str, origin: str, options: Opti
                 row.activations_checkpointed = activation_bytes(
                     shape, **inputs, checkpointing=True, bytes_per_value=act
                 )
+        if training is not None and precision is not None:
+            row.peak = _peak(row, training, precision, options, simulations, unit_params)
         rows.append(row)
     assumptions = _assumptions(options, rows, shape, can_generate)
+    assumptions += training_notes(options, rows, simulations)
     return Report(
         name, summary.library, summary.class_name, origin, summary.note, summary.parameters, rows, options, assumptions
     )
+
+
+def _peak(
+    row: Row,
+    training: TrainingMemory,
+    precision: str,
+    options: Options,
+    simulations: Simulations | None,
+    unit_params: int,
+) -> PeakFigures:
+    step = simulations.steps.get(precision) if simulations is not None else None
+    if step is not None:
+        return simulated_peak(step, training, gathered_weight_bytes=unit_params * (2 if precision == "bf16" else 4))
+    acts = row.activations_checkpointed if options.activation_checkpointing else row.activations
+    return formula_peak(training, acts if options.seq_len is not None else None)
+
+
+def _training_dict(row: Row) -> dict[str, Any] | None:
+    if row.training is None:
+        return None
+    return {**row.training.as_dict(), **(row.peak.as_dict() if row.peak is not None else {})}
 
 
 def _assumptions(options: Options, rows: list[Row], shape: Any, can_generate: bool) -> list[str]:
@@ -235,7 +293,7 @@ def _assumptions(options: Options, rows: list[Row], shape: Any, can_generate: bo
         "Total Size: parameters and buffers, tied weights once; binary units (1 MiB = 2^20 bytes). "
         "Loading needs this much; running a forward pass needs more (activations, workspace).",
     ]
-    if any(r.training for r in rows):
+    if any(r.training and (r.peak is None or r.peak.method == "formula") for r in rows):
         how = (
             "per row: float32 -> fp32, float16 -> mixed-fp16, bfloat16 -> mixed-bf16"
             if options.precision == "auto"
@@ -253,18 +311,20 @@ def _assumptions(options: Options, rows: list[Row], shape: Any, can_generate: bo
             + ", ".join(f"{fmt[r.dtype]}: {r.quantized_weights} weights" for r in quant)
             + "); embeddings, norms, biases and the output head stay float16; block/group scales included."
         )
+    simulated = any(r.peak is not None and r.peak.method == "simulate" for r in rows)
     if options.seq_len is not None:
         if shape is None:
-            notes.append(
-                "KV cache and activations: not estimated (no attention shape in the config, or an encoder-decoder model)."
-            )
+            what = "KV cache" if simulated else "KV cache and activations"
+            notes.append(f"{what}: not estimated (no attention shape in the config, or an encoder-decoder model).")
         else:
             if not can_generate:
                 notes.append("KV cache: not a decoder-only model; no cache.")
-            notes.append(
-                f"Inputs: {options.batch_size} x {options.seq_len} tokens. KV cache in the row's dtype (16-bit for "
-                "int8/int4 rows); activations per "
-                "Korthikanti et al. 2022 (16-bit, 32-bit for fp32 training; attention scores kept: an upper bound "
-                "with fused attention)."
-            )
+            inputs = f"Inputs: {options.batch_size} x {options.seq_len} tokens. KV cache in the row's dtype (16-bit for int8/int4 rows)"
+            if simulated:  # the activations come from the simulated step, not from a formula
+                notes.append(inputs + ".")
+            else:
+                notes.append(
+                    inputs + "; activations per Korthikanti et al. 2022 (16-bit, 32-bit for fp32 training; "
+                    "attention scores kept: an upper bound with fused attention)."
+                )
     return notes

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from x_estimate.config_checks import check_config, suspicious_sizes
 from x_estimate.errors import EstimateError
 from x_estimate.source import _TIMM_INSTALL, ModelSource, _timm_module, hub_reachable
 
@@ -71,13 +72,15 @@ def _load_config(source: ModelSource, trust_remote_code: bool) -> Any:
     # Remote code lives in the repo's .py files, which only the Hub id (not the cached
     # config.json alone) lets transformers fetch: code, never weights.
     from_hub = uses_remote_code and source.origin.startswith("Hugging Face")
-    location = source.name if from_hub else str(source.config_dir)
+    # The file that was read, not its folder's config.json (``x-estimate ./folder/big.json``);
+    # remote code needs the folder, where its .py files lie.
+    location = source.name if from_hub else str(source.config_dir if uses_remote_code else source.config_file)
     if from_hub and not constants.HF_HUB_OFFLINE and not hub_reachable():
         # transformers would retry for ~20 s before failing.
         raise EstimateError(
             f"{source.name} needs its code files from the Hub, which cannot be reached; pass a local folder"
         )
-    _check_sizes(source)
+    check_config(source.name, source.config)
     try:
         return AutoConfig.from_pretrained(location, trust_remote_code=trust_remote_code, token=source.token)
     except Exception as exc:
@@ -85,22 +88,9 @@ def _load_config(source: ModelSource, trust_remote_code: bool) -> Any:
             raise EstimateError(
                 f"{source.name} needs its own code to build: pass --trust_remote_code after reading it"
             ) from None
-        raise EstimateError(f"{source.name}: transformers cannot read its config: {_one_line(exc)}") from None
-
-
-# Sizes a model is built from: zero or a negative count makes transformers fail deep inside
-# (a ZeroDivisionError), so they are checked first, by name.
-_SIZE_KEYS = (
-    "hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "intermediate_size",
-    "vocab_size", "head_dim", "n_embd", "n_head", "n_layer", "d_model", "num_heads", "num_layers",
-)  # fmt: skip
-
-
-def _check_sizes(source: ModelSource) -> None:
-    for key in _SIZE_KEYS:
-        value = (source.config or {}).get(key)
-        if isinstance(value, bool) or (value is not None and (not isinstance(value, int) or value < 1)):
-            raise EstimateError(f"{source.name}: config.json sets {key} to {value!r}; it must be a positive integer")
+        raise EstimateError(
+            f"{source.name}: transformers cannot read its config: {_one_line(exc)}{suspicious_sizes(source.config)}"
+        ) from None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -128,12 +118,10 @@ def _model_class(config: Any, base_model: bool, trust_remote_code: bool) -> tupl
 
 
 def _instantiate(cls: Any, config: Any, trust_remote_code: bool) -> torch.nn.Module:
-    import transformers
-
     is_auto = cls.__name__.startswith("AutoModel")
     build = cls.from_config if is_auto else cls._from_config
     # Without an explicit dtype both default to the config's; transformers 5 calls it dtype=.
-    key = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    key = "dtype" if _transformers_major() >= 5 else "torch_dtype"
     kwargs: dict[str, Any] = {key: torch.float32}
     if is_auto:
         kwargs["trust_remote_code"] = trust_remote_code
@@ -141,12 +129,25 @@ def _instantiate(cls: Any, config: Any, trust_remote_code: bool) -> torch.nn.Mod
         return build(config, **kwargs)
 
 
+def _transformers_major() -> int:
+    import transformers
+
+    return int(transformers.__version__.split(".")[0])
+
+
 def _tie(model: torch.nn.Module, config: Any) -> None:
-    """Apply the config's weight tying: transformers may skip it when building on meta."""
+    """Tie the weights the class ties, as loading it would.
+
+    transformers 5 ties what the class declares (``_tied_weights_keys``, through
+    ``tie_weights()``): LUKE's entity head or Pop2Piano's decoder embeddings are not tied to the
+    word embeddings even with ``tie_word_embeddings``, so nothing more is tied here. Older
+    versions may skip tying on meta, so the output embeddings are tied to the input ones there.
+    """
     tie = getattr(model, "tie_weights", None)
     if callable(tie):
-        tie()
-    if not getattr(config, "tie_word_embeddings", False):
+        with contextlib.suppress(Exception):
+            tie()
+    if _transformers_major() >= 5 or not getattr(config, "tie_word_embeddings", False):
         return
     get_in, get_out = getattr(model, "get_input_embeddings", None), getattr(model, "get_output_embeddings", None)
     if not (callable(get_in) and callable(get_out)):
@@ -170,7 +171,7 @@ def _transformers(source: ModelSource, *, base_model: bool, trust_remote_code: b
     except Exception as exc:
         raise EstimateError(
             f"{source.name}: transformers cannot build {cls.__name__} from its config: "
-            f"{type(exc).__name__}: {_one_line(exc)}"
+            f"{type(exc).__name__}: {_one_line(exc)}{suspicious_sizes(source.config)}"
         ) from None
     _tie(model, config)
     no_split = frozenset(getattr(model, "_no_split_modules", None) or ())

@@ -29,6 +29,7 @@ class ModelSource:
     library: str
     origin: str  # "local folder", "Hugging Face cache", "Hugging Face Hub", "timm registry"
     config_dir: Path | None = None
+    config_file: Path | None = None  # the file read: config.json, or the one the user named
     config: dict[str, Any] | None = None
     timm_name: str | None = None
     token: str | None = field(default=None, repr=False)  # for fetching remote code of gated repos
@@ -138,7 +139,7 @@ def _timm(model: str) -> ModelSource:
             f'{model!r} is not a timm model name; list them with: python -c "import timm; print(timm.list_models())"'
         )
     source = _hub(name, "timm", None)
-    return ModelSource(model, "timm", source.origin, source.config_dir, source.config, source.timm_name)
+    return replace(source, name=model)
 
 
 def _hub(repo_id: str, library: str | None, token: str | None) -> ModelSource:
@@ -209,5 +210,5 @@ def _from_config_file(model: str, library: str | None, path: Path, origin: str) 
         arch = config.get("architecture")
         if not isinstance(arch, str):
             raise EstimateError(f"{path} names no timm 'architecture'; is {model} a timm model?")
-        return ModelSource(model, "timm", origin, path.parent, config, arch)
-    return ModelSource(model, found, origin, path.parent, config)
+        return ModelSource(model, "timm", origin, path.parent, path, config, arch)
+    return ModelSource(model, found, origin, path.parent, path, config)

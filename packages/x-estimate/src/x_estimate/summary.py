@@ -15,7 +15,7 @@ from x_estimate.inference import AttentionShape
 
 __all__ = ["SUMMARY_FORMAT", "ModelSummary", "summarize"]
 
-SUMMARY_FORMAT = 1  # bump when the fields change: old cache entries are then ignored
+SUMMARY_FORMAT = 2  # bump when the fields change: old cache entries are then ignored
 
 
 @dataclass
@@ -109,6 +109,6 @@ def summarize(skeleton: Any) -> ModelSummary:
         no_split=sorted(skeleton.no_split),
         linear=_linear_weights(model),
         # Encoder-decoder attention (self + cross, two stacks) is not what these formulas describe.
-        attention=None if getattr(config, "is_encoder_decoder", False) else attention_shape(config),
+        attention=None if getattr(config, "is_encoder_decoder", False) else attention_shape(config, model),
         can_generate=can_generate,
     )

@@ -1,0 +1,350 @@
+"""Training memory by running the step: the model's own class, on fake tensors, under a ledger.
+
+A real training step (forward, loss, backward, optimizer step, ``zero_grad``) of the actual
+model runs inside ``FakeTensorMode``: every tensor has its shape, dtype and device and no data,
+so no op computes anything, and a 70B model runs on a laptop. A ``Ledger`` counts each storage
+the ops allocate and free. Before it, an optimizer step on zero gradients creates the optimizer
+state, as a first step would: the step measured is then any later step of training, where the
+state exists during forward and backward, which is when a long run peaks. (Priming costs a
+fraction of a full first step's ops.)
+
+The peak is broken down by what each live storage is: weights (parameters and buffers),
+gradients (``.grad`` of a parameter), optimizer state (in ``optimizer.state``), logits (a
+tensor whose last dimension is the vocabulary: the logits, their float copy in the loss, their
+gradient), activations (other tensors the forward allocated, kept for backward) and temporaries
+(the rest: backward's and the optimizer step's intermediates).
+
+The fake device is the CPU, so kernels are the ones the CPU picks (SDPA's CPU flash kernel,
+AdamW's per-tensor loop): a CUDA run can differ by a few percent (see docs/estimate.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from x_estimate.fake_kernels import FakeKernels
+from x_estimate.ledger import Allocation, Ledger
+from x_estimate.simulation_error import SimulationError
+from x_estimate.step_inputs import StepInputs, step_inputs
+
+__all__ = ["PARTS", "SimulatedStep", "SimulationError", "simulate_training"]
+
+PARTS = ("weights", "gradients", "optimizer_state", "activations", "logits", "temporaries")
+_AUTOCAST = {"mixed-bf16": torch.bfloat16, "mixed-fp16": torch.float16}
+_WEIGHTS = {"fp32": torch.float32, "mixed-bf16": torch.float32, "mixed-fp16": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class SimulatedStep:
+    """Peak and steady-state bytes of a simulated training step, on one device."""
+
+    peak: int
+    at_peak: dict[str, int]  # PARTS -> bytes live at the peak
+    steady: int  # live after optimizer.step() and zero_grad(): weights, buffers, optimizer state
+    phase: str  # what the step was doing at the peak: forward, backward, optimizer
+    notes: list[str] = field(default_factory=list)
+    curve: list[tuple[int, int, str]] = field(default_factory=list, repr=False)  # (PARTS index, +/- bytes, phase)
+
+    @property
+    def activation_peak(self) -> int:
+        """The most activation and logits bytes live at any moment (at the peak they may be gone)."""
+        acts, logits = PARTS.index("activations"), PARTS.index("logits")
+        live = best = 0
+        for index, delta, _ in self.curve:
+            if index in (acts, logits):
+                live += delta
+                best = max(best, live)
+        return best
+
+    def sharded(self, divisors: dict[str, int], extra_weights: int = 0) -> tuple[int, dict[str, int], int]:
+        """(peak, breakdown at that peak, steady state) with some parts divided, ZeRO-style.
+
+        The whole step is replayed with ``divisors`` applied, so the peak may move (from the
+        optimizer step to the start of backward, say) as it would on each device.
+        ``extra_weights``: bytes every moment also holds (a gathered ZeRO-3 unit).
+        """
+        maxima, steady = self.phase_maxima(divisors)
+        best = max(maxima.values(), key=lambda m: m[0], default=(0, dict.fromkeys(PARTS, 0)))
+        parts = dict(best[1])
+        parts["weights"] += extra_weights
+        return best[0] + extra_weights, parts, steady + extra_weights
+
+    def phase_maxima(self, divisors: dict[str, int]) -> tuple[dict[str, tuple[int, dict[str, int]]], int]:
+        """The largest moment of each phase, {phase: (bytes, breakdown)}, and the steady state."""
+        div = [divisors.get(part, 1) for part in PARTS]
+        live = [0] * len(PARTS)
+        maxima: dict[str, tuple[int, list[int]]] = {}
+        for index, delta, phase in self.curve:
+            live[index] += delta
+            if delta > 0:
+                total = sum(-(-v // d) for v, d in zip(live, div, strict=True))
+                if total > maxima.get(phase, (-1, None))[0]:
+                    maxima[phase] = (total, list(live))
+        out = {
+            phase: (total, {p: -(-v // d) for p, v, d in zip(PARTS, at, div, strict=True)})
+            for phase, (total, at) in maxima.items()
+        }
+        return out, sum(-(-v // d) for v, d in zip(live, div, strict=True))
+
+
+def _fake_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty_strided(tuple(t.shape), t.stride(), dtype=dtype if t.is_floating_point() else t.dtype)
+
+
+_Slots = list[tuple[dict[str, Any], str, Any]]
+
+
+def _materialize(model: torch.nn.Module, dtype: torch.dtype) -> _Slots:
+    """Swap the meta tensors for fake CPU ones (inside FakeTensorMode), keeping tied weights tied.
+
+    Returns what was swapped, for ``_restore``: one meta skeleton serves several simulations.
+    """
+    memo: dict[int, torch.Tensor] = {}
+    slots: _Slots = []
+    for module in model.modules():
+        for table, parameter in ((module._parameters, True), (module._buffers, False)):
+            for name, t in list(table.items()):
+                if t is None:
+                    continue
+                if id(t) not in memo:
+                    fake = _fake_copy(t, dtype)
+                    memo[id(t)] = torch.nn.Parameter(fake, requires_grad=t.requires_grad) if parameter else fake
+                slots.append((table, name, t))
+                table[name] = memo[id(t)]
+    return slots
+
+
+def _restore(slots: _Slots) -> None:
+    for table, name, original in slots:
+        table[name] = original
+
+
+def _make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(params, lr=1e-4, relative_step=False, scale_parameter=False)
+    raise SimulationError(f"the {name} optimizer needs bitsandbytes kernels, which fake tensors cannot run")
+
+
+def _categorize(alloc: Allocation, keys: dict[str, set[int]], vocab: int | None) -> str:
+    for part in ("weights", "gradients", "optimizer_state"):
+        if alloc.key in keys[part]:
+            return part
+    if vocab and alloc.shape and alloc.shape[-1] == vocab and alloc.phase in ("forward", "backward"):
+        return "logits"
+    return "activations" if alloc.phase == "forward" else "temporaries"
+
+
+def simulate_training(
+    model: torch.nn.Module,
+    config: Any,
+    *,
+    precision: str = "fp32",
+    optimizer: str = "adamw",
+    batch_size: int = 1,
+    seq_len: int = 128,
+    checkpointing: bool = False,
+    attn_implementation: str | None = None,
+    extrapolate: bool = True,
+) -> Any:
+    """Simulate a training step of ``model`` (built on the meta device) on fake tensors.
+
+    A deep stack of identical blocks is simulated with 2 and 3 of them and extrapolated
+    (``layer_extrapolation``), exactly, unless ``extrapolate`` is False. The model is left as it
+    came (meta tensors, all its blocks, checkpointing off), so it can be simulated again.
+    Returns a ``SimulatedStep`` (or an ``ExtrapolatedStep``, which answers the same questions).
+
+    Raises:
+        SimulationError: the model's step cannot run on fake tensors (a data-dependent op, an
+            optimizer without fake kernels, a model without a known input); the message says which.
+    """
+    kwargs = dict(
+        precision=precision, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len,
+        checkpointing=checkpointing, attn_implementation=attn_implementation,
+    )  # fmt: skip
+    with _quiet():
+        return _simulate(model, config, extrapolate, kwargs)
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    """transformers' training-mode advice (use_cache off under checkpointing, deprecations) is
+    not the user's concern here: the step is ours."""
+    import warnings
+
+    from transformers.utils import logging
+
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.set_verbosity(level)
+
+
+def _simulate(model: torch.nn.Module, config: Any, extrapolate: bool, kwargs: dict[str, Any]) -> Any:
+    from x_estimate.layer_extrapolation import ExtrapolatedStep, uniform_stack
+
+    stack = uniform_stack(model, config) if extrapolate else None
+    if stack is None:
+        return _simulate_whole(model, config, **kwargs)
+    parent, name = stack
+    blocks, count = parent._modules[name], config.num_hidden_layers
+    steps = []
+    try:
+        for k in (2, 3):
+            parent._modules[name] = torch.nn.ModuleList(list(blocks)[:k])
+            config.num_hidden_layers = k
+            steps.append(_simulate_whole(model, config, **kwargs))
+    finally:
+        parent._modules[name], config.num_hidden_layers = blocks, count
+    return ExtrapolatedStep(steps[0], steps[1], count, list(steps[1].notes))
+
+
+def _simulate_whole(
+    model: torch.nn.Module,
+    config: Any,
+    *,
+    precision: str,
+    optimizer: str,
+    batch_size: int,
+    seq_len: int,
+    checkpointing: bool,
+    attn_implementation: str | None,
+) -> SimulatedStep:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if precision not in _WEIGHTS:
+        raise ValueError(f"unknown precision {precision!r}")
+    _set_attention(model, config, attn_implementation)
+    keys: dict[str, set[int]] = {"weights": set(), "gradients": set(), "optimizer_state": set()}
+    slots: _Slots = []
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=False), FakeKernels(), Ledger() as ledger:
+            slots = _materialize(model, _WEIGHTS[precision])
+            ledger.track([*model.parameters(), *model.buffers()], "weights")
+            keys["weights"] = {a.key for a in ledger.alive()}
+            model.train()
+            if checkpointing:
+                _enable_checkpointing(model)
+            inputs: StepInputs = step_inputs(model, config, batch_size=batch_size, seq_len=seq_len)
+            params = [p for p in model.parameters() if p.requires_grad]
+            opt = _make_optimizer(optimizer, params)
+            _prime(opt, params, ledger, keys)
+            _one_step(model, opt, params, inputs, precision, ledger, keys)
+            # Snapshot now: restoring the meta tensors below frees fake ones, which the ledger still sees.
+            steady, events, peak_allocs = ledger.live, ledger.events(), ledger.at_peak()
+    except SimulationError:
+        raise
+    except Exception as exc:
+        first = " ".join(str(exc).split())[:200]
+        raise SimulationError(
+            f"{type(model).__name__}'s step failed on fake tensors: {type(exc).__name__}: {first}"
+        ) from None
+    finally:
+        _restore(slots)
+        if checkpointing:
+            disable = getattr(model, "activation_checkpointing_disable", None) or getattr(
+                model, "gradient_checkpointing_disable", None
+            )
+            if callable(disable):
+                disable()
+    vocab = _vocab(model, config)
+    index = {part: i for i, part in enumerate(PARTS)}
+    curve = [(index[_categorize(a, keys, vocab)], sign * a.nbytes, phase) for sign, a, phase in events]
+    at_peak = dict.fromkeys(PARTS, 0)
+    for alloc in peak_allocs:
+        at_peak[_categorize(alloc, keys, vocab)] += alloc.nbytes
+    return SimulatedStep(ledger.peak, at_peak, steady, _phase_at(peak_allocs), list(inputs.notes), curve)
+
+
+def _prime(
+    opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], ledger: Ledger, keys: dict[str, set[int]]
+) -> None:
+    """An optimizer step on zero gradients: it creates the state a first step would, at a
+    fraction of a step's ops, so the one full step that follows is any later step of training."""
+    ledger.phase = "optimizer"
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    keys["gradients"] |= {k for p in params if (k := ledger.key_of(p.grad)) is not None}
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _one_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    params: list[torch.nn.Parameter],
+    inputs: StepInputs,
+    precision: str,
+    ledger: Ledger,
+    keys: dict[str, set[int]],
+) -> None:
+    ledger.phase = "inputs"
+    batch = inputs.make()
+    ledger.phase = "forward"
+    cast = torch.autocast("cpu", dtype=_AUTOCAST[precision]) if precision in _AUTOCAST else contextlib.nullcontext()
+    with cast:
+        loss = inputs.loss(model(**batch))
+    ledger.phase = "backward"
+    loss.backward()
+    del loss, batch
+    keys["gradients"] |= {k for p in params if p.grad is not None and (k := ledger.key_of(p.grad)) is not None}
+    ledger.phase = "optimizer"
+    opt.step()
+    states = [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    keys["optimizer_state"] |= {k for v in states if (k := ledger.key_of(v)) is not None}
+    del states
+    ledger.phase = "zero_grad"
+    opt.zero_grad(set_to_none=True)
+
+
+def _set_attention(model: torch.nn.Module, config: Any, attn_implementation: str | None) -> None:
+    if attn_implementation is None:
+        return
+    setter = getattr(model, "set_attn_implementation", None)
+    if callable(setter):
+        setter(attn_implementation)
+    elif config is not None:
+        config._attn_implementation = attn_implementation
+
+
+def _phase_at(allocs: list[Allocation]) -> str:
+    last = max(allocs, key=lambda a: a.key, default=None)
+    return "setup" if last is None else last.phase
+
+
+def _vocab(model: torch.nn.Module, config: Any) -> int | None:
+    head: Callable[[], Any] | None = getattr(model, "get_output_embeddings", None)
+    with contextlib.suppress(Exception):
+        out = head() if callable(head) else None
+        if isinstance(out, torch.nn.Linear):
+            return int(out.out_features)
+    vocab = getattr(config, "vocab_size", None)
+    return vocab if isinstance(vocab, int) and vocab > 0 else None
+
+
+def _enable_checkpointing(model: torch.nn.Module) -> None:
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise SimulationError(f"{type(model).__name__} does not support gradient checkpointing")
+    # Non-reentrant: the variant PyTorch recommends, and the one that works with frozen inputs.
+    # transformers 5 renamed gradient_checkpointing_enable and its keyword.
+    ckpt = {"use_reentrant": False}
+    if callable(enable := getattr(model, "activation_checkpointing_enable", None)):
+        enable(activation_checkpointing_kwargs=ckpt)
+    elif callable(enable := getattr(model, "gradient_checkpointing_enable", None)):
+        enable(gradient_checkpointing_kwargs=ckpt)
+    else:
+        raise SimulationError(f"{type(model).__name__} does not support gradient checkpointing")
