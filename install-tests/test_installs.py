@@ -29,6 +29,11 @@ INSTALL = {
     "x-bigmodel": "pip install --find-links dist x-bigmodel",
     "x-runtime": "pip install --find-links dist x-launch x-runtime",
 }
+# Packages a user installs without any other x package but x-common: their package README shows these.
+ALONE = {
+    "x-runtime": "pip install --find-links dist x-runtime",
+    "x-common": "pip install --find-links dist x-common",
+}
 
 
 def module_of(dist: str) -> str:
@@ -46,8 +51,8 @@ def warning_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if re.search(r"warn", line, re.I)]
 
 
-def install(venv: Venv, package: str, dist: Path) -> None:
-    line = INSTALL[package]
+def install(venv: Venv, package: str, dist: Path, *, line: str | None = None) -> None:
+    line = line or INSTALL[package]
     out = venv.run_readme_line(line, cwd=dist.parent)
     assert out.returncode == 0, f"`{line}` failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
     wanted = {"x-common", *line.split("dist ", 1)[1].split()}
@@ -59,6 +64,11 @@ def test_readmes_show_the_tested_install_line(package: str) -> None:
     line = INSTALL[package]
     assert line in (ROOT / "README.md").read_text(), f"README.md does not show `{line}`"
     assert line in (ROOT / "packages" / package / "README.md").read_text()
+
+
+@pytest.mark.parametrize("package", sorted(ALONE))
+def test_package_readmes_show_the_alone_install_line(package: str) -> None:
+    assert ALONE[package] in (ROOT / "packages" / package / "README.md").read_text()
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -162,4 +172,37 @@ def test_x_launch_and_x_runtime_train_on_two_processes_without_warnings(
     losses = reports[0]["losses"]
     assert losses == reports[1]["losses"] and losses[-1] < losses[0] / 10
     assert reports[0]["weight_sum"] == reports[1]["weight_sum"]
+    assert warning_lines(out.stderr) == []
+
+
+def test_x_runtime_alone_trains_on_two_processes_under_torchrun_without_warnings(
+    dist: Path, fresh_venv: Venv, tmp_path: Path
+) -> None:
+    install(fresh_venv, "x-runtime", dist, line=ALONE["x-runtime"])
+    script = str(SCRIPTS / "train_two_processes.py")
+    run = ("python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script)
+    out = fresh_venv.run(*run, cwd=tmp_path, OMP_NUM_THREADS="1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    reports = [json.loads((tmp_path / f"report-{rank}.json").read_text()) for rank in (0, 1)]
+    assert [(r["rank"], r["world_size"], r["batches_per_epoch"]) for r in reports] == [(0, 2, 8), (1, 2, 8)]
+    assert reports[0]["losses"] == reports[1]["losses"] and reports[0]["losses"][-1] < reports[0]["losses"][0] / 10
+    assert warning_lines(out.stderr) == []
+
+
+def test_x_common_alone_parses_sizes_and_reads_the_host_without_importing_torch(
+    dist: Path, fresh_venv: Venv, tmp_path: Path
+) -> None:
+    install(fresh_venv, "x-common", dist, line=ALONE["x-common"])
+    code = (
+        "import json, sys\n"
+        "import x_common\n"
+        "from x_common.sizes import format_size, parse_size\n"
+        "print(json.dumps({'size': parse_size('80GiB'), 'text': format_size(3 * 2**30),"
+        " 'memory': x_common.host_memory().total, 'torch': 'torch' in sys.modules}))\n"
+    )
+    out = fresh_venv.run("python", "-c", code, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert (result["size"], result["text"], result["torch"]) == (80 * 2**30, "3.00 GiB", False)
+    assert result["memory"] > 2**30
     assert warning_lines(out.stderr) == []
