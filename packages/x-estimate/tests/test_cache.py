@@ -198,3 +198,19 @@ def test_trust_remote_code_runs_the_code_and_never_caches(
     assert data["parameters"] == 16 * 16 + 16
     assert data["rows"][0]["total_bytes"] == 4 * (16 * 16 + 16)
     assert _entries(summary_cache) == []
+
+
+def test_kv_cache_is_measured_only_once_a_run_asks_for_seq_len(model_dir, configs, cli, summary_cache) -> None:
+    # The meta prefill that measures the cache costs up to seconds: a first estimate without
+    # --seq-len skips it, and the first run with --seq-len measures and replaces the entry.
+    folder = model_dir(configs.gpt2())
+    assert cli(folder, "--json").code == 0
+    [entry] = _entries(summary_cache)
+    saved = json.loads(entry.read_text())
+    assert saved["kv_measured"] is False and saved["attention"]["kv"] is None
+    with_seq = cli(folder, "--seq-len", "32", "--json").json
+    saved = json.loads(entry.read_text())
+    assert saved["kv_measured"] is True and saved["attention"]["kv"] is not None
+    fresh = cli(folder, "--seq-len", "32", "--json", "--no-cache").json
+    assert with_seq["rows"] == fresh["rows"]
+    assert with_seq["rows"][0]["kv_cache_bytes"] > 0

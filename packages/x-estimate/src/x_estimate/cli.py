@@ -232,12 +232,15 @@ def _summary(model: str, kw: dict[str, Any]) -> tuple[Any, str, Any, str | None]
     key = cache.summary_key(
         library=source.library, config=source.config, timm_name=source.timm_name, base_model=kw["base_model"]
     )
-    if use_cache and (hit := cache.load_summary(key)) is not None:
+    measure_kv = kw["seq_len"] is not None
+    hit = cache.load_summary(key) if use_cache else None
+    if hit is not None and (hit.kv_measured or not measure_kv):
         return hit, source.origin, source, key
     from x_estimate.skeleton import build_skeleton
     from x_estimate.summary import summarize
 
-    summary = summarize(build_skeleton(source, base_model=kw["base_model"], trust_remote_code=kw["trust_remote_code"]))
+    skeleton = build_skeleton(source, base_model=kw["base_model"], trust_remote_code=kw["trust_remote_code"])
+    summary = summarize(skeleton, measure_kv=measure_kv)
     if use_cache:
         cache.save_summary(key, summary)
     return summary, source.origin, source, key if use_cache else None

@@ -15,7 +15,7 @@ from x_estimate.inference import AttentionShape
 
 __all__ = ["SUMMARY_FORMAT", "ModelSummary", "summarize"]
 
-SUMMARY_FORMAT = 2  # bump when the fields change: old cache entries are then ignored
+SUMMARY_FORMAT = 3  # bump when the fields change: old cache entries are then ignored
 
 
 @dataclass
@@ -29,6 +29,9 @@ class ModelSummary:
     linear: dict[str, tuple[int, int]] = field(default_factory=dict)  # quantizable weight -> (out, in)
     attention: AttentionShape | None = None
     can_generate: bool = False
+    # Whether the KV cache layout was measured (a meta prefill, ~0.3-3 s): done only when a run asks
+    # for --seq-len, so a first estimate without it costs the build alone.
+    kv_measured: bool = False
 
     @property
     def parameters(self) -> int:
@@ -90,8 +93,8 @@ def _linear_weights(model: Any) -> dict[str, tuple[int, int]]:
     return found
 
 
-def summarize(skeleton: Any) -> ModelSummary:
-    """Reduce a built ``Skeleton`` to a ``ModelSummary``."""
+def summarize(skeleton: Any, *, measure_kv: bool = True) -> ModelSummary:
+    """Reduce a built ``Skeleton`` to a ``ModelSummary``; ``measure_kv``: size the KV cache from a meta prefill."""
     from x_common.module_sizes import tensor_infos
     from x_estimate.inference import attention_shape
 
@@ -109,6 +112,9 @@ def summarize(skeleton: Any) -> ModelSummary:
         no_split=sorted(skeleton.no_split),
         linear=_linear_weights(model),
         # Encoder-decoder attention (self + cross, two stacks) is not what these formulas describe.
-        attention=None if getattr(config, "is_encoder_decoder", False) else attention_shape(config, model),
+        attention=None
+        if getattr(config, "is_encoder_decoder", False)
+        else attention_shape(config, model if measure_kv else None),
         can_generate=can_generate,
+        kv_measured=measure_kv,
     )
