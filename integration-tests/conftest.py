@@ -14,12 +14,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from x_common import env
+
+# Helper modules beside the tests (process_tree) import by name: pytest runs with
+# --import-mode=importlib, which puts no test folder on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 SLURM_SCRIPTS = Path(__file__).resolve().parents[1].parent / "shared" / "slurm"
 NODES = 2

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_tree import descendants, process_table
 from safetensors.torch import load_file
 
 from x_runtime.checkpoint.checkpointing import MANIFEST, latest_checkpoint, resolve_checkpoint
@@ -42,40 +43,11 @@ def _x_launch(processes: int, worker: str, *args: str | Path) -> list[str]:
 
 
 # --- the process table ------------------------------------------------------------------------
-def _table() -> dict[int, tuple[str, int, int]]:
-    """pid -> (state, parent pid, session id) of every process."""
-    table = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        table[int(entry.name)] = (fields[0], int(fields[1]), int(fields[3]))
-    return table
-
-
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for child, (state, parent, _session) in _table().items():
-        if state != "Z":
-            children.setdefault(parent, []).append(child)
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
 def _left_over(pids: set[int], sessions: set[int]) -> set[int]:
     """Live (not zombie) processes among ``pids`` or in one of ``sessions``."""
     return {
         pid
-        for pid, (state, _parent, session) in _table().items()
+        for pid, (state, _parent, session) in process_table().items()
         if state != "Z" and (pid in pids or session in sessions)
     }
 
@@ -91,7 +63,7 @@ class Job:
         self.seen: set[int] = set()  # every process of the job observed so far
 
     def snapshot(self) -> set[int]:
-        self.seen |= _descendants(self.proc.pid)
+        self.seen |= descendants(self.proc.pid)
         return set(self.seen)
 
     def wait(self, timeout: float) -> int:
@@ -293,7 +265,7 @@ def test_sigterm_to_x_launch_mid_training_stops_every_process(start, tmp_path: P
 
 def test_the_killed_rank_is_named_even_when_its_peer_exits_before_the_agent_looks(start, tmp_path: Path) -> None:
     job, ranks = _training_job(start, tmp_path, "busy-agent")
-    agents = [pid for pid, (_state, parent, _session) in _table().items() if parent == job.proc.pid]
+    agents = [pid for pid, (_state, parent, _session) in process_table().items() if parent == job.proc.pid]
     assert len(agents) == 1, agents
     # torchrun's agent looks every 0.1 s; on a busy node it may not get the CPU for longer than that.
     os.kill(agents[0], signal.SIGSTOP)

@@ -3,6 +3,7 @@
     x-launch [--num_processes N --cpu] train_checkpoints.py PROJECT_DIR OUT.safetensors
         [--resume | --resume-if-any] [--stall-in-save N --stall-marker PATH]
         [--die-at-step N --die-marker PATH]
+        [--preemptible [--pace S] [--progress PATH]] [--dropout P]
 
 Checkpoints are ``PROJECT_DIR/checkpoints/checkpoint_<n>`` (automatic naming), one every
 ``--save-every`` optimizer steps, so most of them fall in the middle of an epoch. The loader is
@@ -17,6 +18,11 @@ complete checkpoint with ``load_state()`` before training; ``--resume-if-any`` d
 there is one (how a script restarted by ``x-launch --max_restarts`` picks up where it stopped).
 ``--die-at-step N``: rank 1 exits at once (code 17) after optimizer step N, the first time only
 (``--die-marker`` records that it did). Rank 0 writes the final weights to OUT.
+``--preemptible``: the documented loop, ``accelerator.preemption_requested`` read after every
+step; when it is True every rank writes the step to ``PROJECT_DIR/preempted_rank<N>``, the
+state is saved and the script ends without writing OUT. ``--pace S`` sleeps S seconds a step,
+``--progress PATH`` has rank 0 write the step count there after each step (so a test signals
+mid-run). ``--dropout P`` adds a dropout layer (the global generator again).
 """
 
 from __future__ import annotations
@@ -68,6 +74,10 @@ def main() -> None:
     parser.add_argument("--die-marker")
     parser.add_argument("--stall-in-save", type=int)
     parser.add_argument("--stall-marker")
+    parser.add_argument("--preemptible", action="store_true")
+    parser.add_argument("--pace", type=float, default=0.0)
+    parser.add_argument("--progress")
+    parser.add_argument("--dropout", type=float, default=0.0)
     args = parser.parse_args()
 
     accelerator = Accelerator(
@@ -80,7 +90,8 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(128, 12, generator=g)
     y = (x[:, :4].sum(dim=1) > 0).long()
-    model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    dropout = [torch.nn.Dropout(args.dropout)] if args.dropout else []
+    model = torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.ReLU(), *dropout, torch.nn.Linear(32, 2))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
@@ -99,7 +110,8 @@ def main() -> None:
             f"rank {accelerator.process_index}: resumed from {Path(folder).name} at step {progress.step}\n"
         )
         sys.stdout.flush()
-    while loader.epoch < args.epochs:
+    preempted = False
+    while loader.epoch < args.epochs and not preempted:
         for xb, labels in loader:
             noisy = xb + 0.1 * torch.randn_like(xb)
             loss = torch.nn.functional.cross_entropy(model(noisy), labels)
@@ -113,6 +125,20 @@ def main() -> None:
             if dies and not Path(args.die_marker).exists():
                 Path(args.die_marker).write_text("died once")
                 os._exit(17)  # as a crash: no clean-up, no exception to catch
+            if args.progress and accelerator.is_main_process:
+                Path(f"{args.progress}.tmp").write_text(str(progress.step))
+                os.replace(f"{args.progress}.tmp", args.progress)
+            time.sleep(args.pace)
+            if args.preemptible and accelerator.preemption_requested:
+                Path(args.project_dir).mkdir(parents=True, exist_ok=True)  # asked before the first save
+                Path(args.project_dir, f"preempted_rank{accelerator.process_index}").write_text(str(progress.step))
+                accelerator.save_state()
+                preempted = True
+                break
+    if preempted:
+        accelerator.print(f"preempted at step {progress.step}: saved")
+        accelerator.end_training()
+        return
     accelerator.print(f"trained {progress.step} steps")
     weights = accelerator.get_state_dict(model)
     accelerator.save({k: v.detach().contiguous() for k, v in weights.items()}, args.out, safe_serialization=True)

@@ -25,6 +25,7 @@ FOREIGN_NAMES = {
     "MASTER_ADDR",
     "MASTER_PORT",
     "TORCHELASTIC_RUN_ID",
+    "PET_SIGNALS_TO_HANDLE",
     # SLURM
     "SLURM_JOB_ID",
     "SLURM_JOB_NODELIST",
@@ -63,7 +64,7 @@ def module_env_vars() -> dict[str, EnvVar]:
 
 def test_contract_names_are_prefixed_and_unique() -> None:
     names = [var.name for var in CONTRACT]
-    assert len(names) == 35
+    assert len(names) == 37  # + X_PREEMPTION_SIGNALS, X_PREEMPTION_FILE
     assert len(set(names)) == len(names)
     for name in names:
         assert re.fullmatch(r"X_[A-Z][A-Z0-9_]*", name), name

@@ -222,6 +222,9 @@ LAUNCHED_BY_X = _var("LAUNCHED", Bool(), False, "set by x-launch in every proces
 NOTEBOOK_WORKER = _var(
     "NOTEBOOK_WORKER", Bool(), False, "set by notebook_launcher in each worker: joining fails fast if a peer returned"
 )
+PREEMPTION_SIGNALS = _var("PREEMPTION_SIGNALS", Str(), None, "signals a worker takes as a preemption (unset: USR1)")
+PREEMPTION_FILE = _var("PREEMPTION_FILE", Str(), None, "marker x-launch creates when the job is asked to stop")
+PREEMPTION_SEEN = ".seen"  # <PREEMPTION_FILE>.seen: created by the ranks that stopped for the request
 CONFIG_FILE = _var("CONFIG_FILE", Str(), None, "launch config file to use instead of the default location")
 DISTRIBUTED_TYPE = _var("DISTRIBUTED_TYPE", Choice(DISTRIBUTED_TYPES), None, "strategy chosen by the launcher")
 MIXED_PRECISION = _var("MIXED_PRECISION", Choice(MIXED_PRECISIONS), "no", "autocast dtype for the prepared model")
@@ -284,6 +287,7 @@ LOCAL_WORLD_SIZE = EnvVar("LOCAL_WORLD_SIZE", Int(minimum=1), None, "processes o
 GROUP_RANK = EnvVar("GROUP_RANK", Int(minimum=0), None, "machine rank (torchrun)")
 MASTER_ADDR = EnvVar("MASTER_ADDR", Str(), None, "rendezvous host")
 MASTER_PORT = EnvVar("MASTER_PORT", Int(minimum=0, maximum=65535), None, "rendezvous port")
+TORCHRUN_SIGNALS = EnvVar("PET_SIGNALS_TO_HANDLE", Str(), None, "torchrun --signals-to-handle: what its agent stops on")
 TORCHELASTIC_RUN_ID = EnvVar("TORCHELASTIC_RUN_ID", Str(), None, "set in every worker torchrun starts")
 SLURM_JOB_ID = EnvVar("SLURM_JOB_ID", Int(minimum=0), None, "allocation id")
 SLURM_JOB_NODELIST = EnvVar("SLURM_JOB_NODELIST", Str(), None, "hosts of the allocation, compressed")
@@ -369,6 +373,7 @@ __all__ = [
     "FSDP_SHARDING_STRATEGIES",
     "FSDP_STATE_DICT_TYPES",
     "MIXED_PRECISIONS",
+    "PREEMPTION_SEEN",
     "EnvVar",
     "Fallback",
     "launch_flag_var",

@@ -147,6 +147,23 @@ class LaunchConfig(Mapping[str, Setting]):
         doc="OMP_NUM_THREADS of each process (unset: physical cores / processes on this machine)",
         cli=_cli("num_cpu_threads_per_process"),
     )
+    # SLURM's --signal=USR1@N and scancel --signal=USR1 (the runtime's preemption_requested)
+    preemption_signals: str | None = option(
+        StrList(joined=True),
+        None,
+        env=env.PREEMPTION_SIGNALS,
+        doc="signals that mean 'save and stop' (USR1, USR2, TERM, HUP; unset: USR1): relayed to every rank",
+        cli=_cli("preemption_signals"),
+    )
+    requeue: bool = option(
+        Bool(),
+        False,
+        doc="in a SLURM batch job: after a preemption, once the ranks exit, scontrol requeue the job",
+        cli=("--requeue",),
+        switch=True,
+        cli_help="In a SLURM batch job: after a preemption signal, once the ranks have saved and exited, "
+        "requeue the job (scontrol requeue) and exit 0.",
+    )
     # --- what the training processes get ----------------------------------------------------
     mixed_precision: str = option(
         env.MIXED_PRECISION.kind,

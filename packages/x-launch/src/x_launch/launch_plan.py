@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from x_common import env
-from x_launch import preflight, slurm_plan
+from x_launch import preemption, preflight, slurm_plan
 from x_launch.config_file import ConfigError
 from x_launch.contract_env import contract_environment
 from x_launch.launch_config import LaunchConfig, Setting
@@ -76,6 +76,7 @@ def build_plan(
     # NVML is asked once: the GPU count, the CPU fallback and the bf16 check all read this list.
     gpus = _gpu_capabilities() if gpu_capabilities is None else gpu_capabilities
     job = slurm_plan.detect(environ)
+    preemption.check_requeue(settings.requeue, environ)
     notes: list[str] = []
     if job is not None:
         settings = slurm_plan.derive(settings, job, environ)

@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 
 from x_launch.launch_plan import LaunchPlan
+from x_launch.preemption import PreemptionRelay, parse_signals, requeue_job
 
 __all__ = ["RankFailure", "agent_failure", "describe_failure", "parse_root_cause", "run_plan"]
 
@@ -131,13 +132,15 @@ def _log_dir(argv: list[str]) -> Path | None:
     return Path(argv[argv.index("--log-dir") + 1]) if "--log-dir" in argv else None
 
 
-def _die_with_parent() -> None:
-    # If x-launch is killed outright (SIGKILL), the agent gets SIGTERM and stops its workers.
+def _die_with_parent(relay: PreemptionRelay) -> None:
+    # If x-launch is killed outright (SIGKILL), the agent gets SIGTERM (SIGINT when TERM means
+    # preemption, since the agent then ignores it) and stops its workers.
+    relay.ignore_in_child()
     if sys.platform.startswith("linux"):
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        libc.prctl(1, relay.death_signal())  # PR_SET_PDEATHSIG
 
 
 # torchrun prefixes each line it copies from a worker with the worker's name, e.g. "[default0]:".
@@ -247,11 +250,14 @@ def run_plan(plan: LaunchPlan) -> int:
     watch = plan.engine == "torchrun"
     if plan.scratch_logs is not None:
         _remove_stale_scratch(plan.scratch_logs)
+    relay = PreemptionRelay(parse_signals(plan.settings.preemption_signals))
+    # srun (one x-launch per node) passes the signal on to the x-launch of every node.
+    relays = plan.engine != "srun"
     child = subprocess.Popen(
         plan.argv,
-        env={**os.environ, **plan.env},
+        env={**os.environ, **plan.env, **(relay.environment() if relays else {})},
         stderr=subprocess.PIPE if watch else None,
-        preexec_fn=_die_with_parent,  # safe: this process has started no threads yet
+        preexec_fn=lambda: _die_with_parent(relay),  # safe: this process has started no threads yet
     )
     stopped_by: list[int] = []
 
@@ -260,7 +266,15 @@ def run_plan(plan: LaunchPlan) -> int:
         if child.poll() is None:
             child.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    def preempt(signum: int, frame: FrameType | None) -> None:
+        if relays:
+            relay.on_signal(signum, frame)
+        elif child.poll() is None:
+            relay.requested = True
+            child.send_signal(signum)
+
+    handlers = {signal.SIGINT: forward, signal.SIGTERM: forward, **dict.fromkeys(relay.signals, preempt)}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     kept: collections.deque[str] = collections.deque(maxlen=400)
     log_dir = _log_dir(plan.argv) if plan.scratch_logs is None else None
     agent_log = log_dir / "torchrun.log" if log_dir is not None else None
@@ -274,8 +288,10 @@ def run_plan(plan: LaunchPlan) -> int:
             daemon=True,
         )
         pump.start()
+    stopped_for_it = False
     try:
         code = child.wait()
+        stopped_for_it = relay.acknowledged()
         if pump is not None:
             pump.join(timeout=5)
         if code != 0 and watch and not stopped_by:
@@ -286,6 +302,32 @@ def run_plan(plan: LaunchPlan) -> int:
             signal.signal(sig, handler)
         if plan.scratch_logs is not None:
             shutil.rmtree(plan.scratch_logs, ignore_errors=True)
+        relay.close()
+    if (relay.requested or stopped_for_it) and not stopped_by:
+        return _after_preemption(plan, 128 - code if code < 0 else code, stopped_for_it)
     if stopped_by:
         return 128 + stopped_by[0]  # as a shell reports a job its signal ended: 130, 143
     return 128 - code if code < 0 else code
+
+
+def _after_preemption(plan: LaunchPlan, code: int, stopped_for_it: bool) -> int:
+    """The exit code after a preemption: the ranks' own; with --requeue, requeue the job first.
+
+    Only when the ranks stopped for it: a signal that came after the training loop's last check of
+    ``preemption_requested`` (or to a script that never checks) finds the job done.
+    """
+    if plan.engine != "srun" and not stopped_for_it:
+        print(
+            "x-launch: a preemption signal came, but no rank stopped for it (the loop had ended, or the script "
+            "does not read accelerator.preemption_requested); nothing requeued",
+            file=sys.stderr,
+            flush=True,
+        )
+        return code
+    if not plan.settings.requeue or plan.engine == "srun":
+        if code == 0:
+            print("x-launch: preempted; the ranks saved and exited", file=sys.stderr, flush=True)
+        return code
+    requeue_code, line = requeue_job(os.environ)
+    print(line, file=sys.stderr, flush=True)
+    return code or requeue_code

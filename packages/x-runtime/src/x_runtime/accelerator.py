@@ -6,7 +6,8 @@ device, process group, collectives), ``data`` (sharded, resumable loaders), ``pr
 Protocol), ``checkpoint`` and ``tracking``. Its process and collective methods come from
 ``process.accelerator_methods``, its saving and loading ones from ``checkpoint.accelerator_io``.
 The step (``optim.accelerator_step``), tracking (``tracking.accelerator_tracking``), DDP's join and
-sync triggers (``strategies.accelerator_ddp``) and ``profile`` (``profiling``) are mixins too.
+sync triggers (``strategies.accelerator_ddp``), ``profile`` (``profiling``) and
+``preemption_requested`` (``process.preemption``) are mixins too.
 ``accelerator.state`` is an ``AcceleratorState`` view (``state_views``) over its own process state.
 Nothing is shared between two accelerators except torch's process group.
 """
@@ -43,6 +44,7 @@ from x_runtime.precision.dynamo import TorchDynamoPlugin, compile_model
 from x_runtime.precision.fp8 import fp8_recipe_for
 from x_runtime.precision.policy import Precision, unwrap_forward
 from x_runtime.process.accelerator_methods import ProcessMethods
+from x_runtime.process.preemption import PreemptionMethods
 from x_runtime.process.state import ProcessState
 from x_runtime.profiling import ProfileMethods
 from x_runtime.state_views import AcceleratorState, GradientState
@@ -58,7 +60,9 @@ _UNSET: Any = object()
 _RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "generator")
 
 
-class Accelerator(StepMethods, ProcessMethods, CheckpointMethods, TrackingMethods, DDPMethods, ProfileMethods):
+class Accelerator(
+    StepMethods, ProcessMethods, PreemptionMethods, CheckpointMethods, TrackingMethods, DDPMethods, ProfileMethods
+):
     """Prepare model, optimizer, dataloaders and scheduler once; the loop stays plain PyTorch.
 
     Args:
