@@ -296,7 +296,8 @@ CLI_CASES = [
     estimate("estimate-size-negative", "tiny", "--fits", "-5GB", code=2, words=("'-5GB'", "accepted forms")),
     estimate("estimate-gpus-not-a-number", "tiny", "--num-gpus", "two", code=2, words=("--num-gpus", "'two'")),
     estimate("estimate-batch-size-zero", "tiny", "--batch-size", "0", code=2, words=("--batch-size", "x>=1")),
-    estimate("estimate-unknown-option", "tiny", "--seq_len", "8", code=2, words=("--seq_len", "'--seq-len'")),
+    # --seq_len is Accelerate's spelling and works (as every underscore spelling); a misspelling does not.
+    estimate("estimate-unknown-option", "tiny", "--seq-lenn", "8", code=2, words=("--seq-lenn", "'--seq-len'")),
     estimate("estimate-extra-argument", "tiny", "again", code=2, words=("unexpected extra argument", "again")),
     # x-estimate models (exit 1)
     estimate("estimate-path-missing", "./tinny", code=1, words=("./tinny", "no such file or folder")),
