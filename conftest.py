@@ -3,6 +3,7 @@
     @pytest.mark.requires_cuda(2)   # at least 2 CUDA devices
     @pytest.mark.requires_tpu       # a TPU through torch_xla
     @pytest.mark.requires_slurm     # a running SLURM cluster (sinfo answers)
+    @pytest.mark.requires_netns     # root may make network namespaces (integration-tests/netns.py)
     @pytest.mark.slow               # long; skipped with --skip-slow
 
 A test whose hardware is absent is skipped with the reason, so the same command runs on a
@@ -12,11 +13,13 @@ laptop, a CI runner and a GPU box; the GPU and TPU nox sessions select these mar
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +27,7 @@ MARKERS = {
     "requires_cuda(n=1)": "needs at least n CUDA devices",
     "requires_tpu": "needs a TPU reachable through torch_xla",
     "requires_slurm": "needs a running SLURM cluster (sinfo, srun, sbatch)",
+    "requires_netns": "needs network namespaces as hosts: root and iproute2 (integration-tests/netns.py)",
     "slow": "takes long; deselect with --skip-slow",
 }
 
@@ -66,6 +70,19 @@ def _slurm_problem() -> str | None:
     return None
 
 
+@functools.cache
+def _netns_problem() -> str | None:
+    # The check lives beside the hosts it guards; loaded by path, as no test folder is on sys.path.
+    path = Path(__file__).parent / "integration-tests" / "netns.py"
+    spec = importlib.util.spec_from_file_location("_x_netns_check", path)
+    if spec is None or spec.loader is None:
+        return f"cannot load {path}"
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module.netns_problem()
+
+
 def hardware_skip_reason(item: pytest.Item) -> str | None:
     """Why ``item`` cannot run on this machine, or ``None`` when it can."""
     cuda = item.get_closest_marker("requires_cuda")
@@ -78,6 +95,10 @@ def hardware_skip_reason(item: pytest.Item) -> str | None:
         return "needs a TPU through torch_xla, found none"
     if item.get_closest_marker("requires_slurm") is not None:
         problem = _slurm_problem()
+        if problem is not None:
+            return problem
+    if item.get_closest_marker("requires_netns") is not None:
+        problem = _netns_problem()
         if problem is not None:
             return problem
     if item.get_closest_marker("slow") is not None and item.config.getoption("--skip-slow"):

@@ -126,10 +126,12 @@ def test_config_file_and_multi_machine_plan(run, tmp_path: Path) -> None:
     )
     out = run("--config_file", str(cfg), "--dry-run", "-m", "mypkg.train")
     assert out.returncode == 0, out.stderr
-    assert (
-        "-m torch.distributed.run --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint 10.1.2.3:6000 "
-        "--rdzv-id x-6000 --max-restarts 0 --rdzv-conf join_timeout=600 --log-dir "
-    ) in out.stdout
+    # --local-addr: this machine's address on the route to 10.1.2.3, whichever it is here
+    assert re.search(
+        r"-m torch\.distributed\.run --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint 10\.1\.2\.3:6000 "
+        r"--rdzv-id x-6000 (--local-addr \S+ )?--max-restarts 0 --rdzv-conf join_timeout=600 --log-dir ",
+        out.stdout,
+    ), out.stdout
     assert " --tee 2 -m mypkg.train" in out.stdout
     assert "  X_DISTRIBUTED_TYPE=MULTI_GPU" in out.stdout
     assert "  X_FSDP_TRANSFORMER_CLS_TO_WRAP=LlamaDecoderLayer" in out.stdout

@@ -223,7 +223,7 @@ def test_slurm_replaces_a_config_files_machine_layout(tmp_path: Path) -> None:
 
 def test_c10d_rendezvous_uses_the_slurm_master() -> None:
     plan = plan_for(ONE_TASK_PER_NODE, "--rdzv_backend", "c10d", "--num_processes", "2")
-    assert "--rdzv-backend c10d --rdzv-endpoint gpu-01:23456 --rdzv-id x-23456" in " ".join(plan.argv)
+    assert "--rdzv-backend c10d --rdzv-endpoint gpu-01:23456 --rdzv-id x-slurm-123456" in " ".join(plan.argv)
 
 
 # --- (b) srun with several tasks per node: every task is one rank --------------------------------

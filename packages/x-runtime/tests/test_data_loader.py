@@ -364,7 +364,7 @@ def test_workers_load_the_same_batches() -> None:
 
 def test_state_dict_is_json_and_tracks_the_position() -> None:
     loader = prepare_data_loader(DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=1)
-    assert loader.state_dict() == {"epoch": 0, "seed": 1, "batches_yielded": 0, "num_processes": 1}
+    assert loader.state_dict() == {"epoch": 0, "seed": 1, "batches_yielded": 0, "num_processes": 1, "stream_batches": 0}
     for index, _ in enumerate(loader):
         if index == 2:
             assert json.loads(json.dumps(loader.state_dict()))["batches_yielded"] == 3
@@ -393,7 +393,9 @@ def test_skip_first_batches_shares_the_epoch_and_stacks() -> None:
         assert batch.tolist() == epochs[0][4 + index]
         assert restored.state_dict()["batches_yielded"] == 5 + index  # the original follows its copy
     assert (
-        rest.state_dict() == restored.state_dict() == {"epoch": 1, "seed": 2, "batches_yielded": 0, "num_processes": 1}
+        rest.state_dict()
+        == restored.state_dict()
+        == {"epoch": 1, "seed": 2, "batches_yielded": 0, "num_processes": 1, "stream_batches": 0}
     )
 
 

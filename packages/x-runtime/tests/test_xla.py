@@ -179,7 +179,13 @@ def test_loader_flags_follow_the_loop_not_the_read_ahead() -> None:
     assert flags == [False] * 18 + [True]
     assert positions == list(range(1, 20))
     assert torch.equal(torch.cat(gathered), numbers)
-    assert loader.state_dict() == {"epoch": 1, "seed": None, "batches_yielded": 0, "num_processes": 1}
+    assert loader.state_dict() == {
+        "epoch": 1,
+        "seed": None,
+        "batches_yielded": 0,
+        "num_processes": 1,
+        "stream_batches": 0,
+    }
 
 
 def test_leaving_the_loop_early_keeps_the_loops_position() -> None:
@@ -189,7 +195,13 @@ def test_leaving_the_loop_early_keeps_the_loops_position() -> None:
         if index == 2:
             break
     # The reader thread was up to 16 batches ahead; the epoch is not over and 3 batches were used.
-    assert loader.state_dict() == {"epoch": 0, "seed": None, "batches_yielded": 3, "num_processes": 1}
+    assert loader.state_dict() == {
+        "epoch": 0,
+        "seed": None,
+        "batches_yielded": 3,
+        "num_processes": 1,
+        "stream_batches": 3,
+    }
     assert not accelerator.gradient_state.in_dataloader
     (first,) = next(iter(loader))
     assert first.cpu().tolist() == [0.0, 1.0]  # a new iteration starts the unfinished epoch again

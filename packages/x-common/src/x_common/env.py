@@ -287,8 +287,14 @@ LOCAL_WORLD_SIZE = EnvVar("LOCAL_WORLD_SIZE", Int(minimum=1), None, "processes o
 GROUP_RANK = EnvVar("GROUP_RANK", Int(minimum=0), None, "machine rank (torchrun)")
 MASTER_ADDR = EnvVar("MASTER_ADDR", Str(), None, "rendezvous host")
 MASTER_PORT = EnvVar("MASTER_PORT", Int(minimum=0, maximum=65535), None, "rendezvous port")
+TORCHRUN_LOCAL_ADDR = EnvVar("PET_LOCAL_ADDR", Str(), None, "torchrun --local-addr: the address others reach it by")
 TORCHRUN_SIGNALS = EnvVar("PET_SIGNALS_TO_HANDLE", Str(), None, "torchrun --signals-to-handle: what its agent stops on")
 TORCHELASTIC_RUN_ID = EnvVar("TORCHELASTIC_RUN_ID", Str(), None, "set in every worker torchrun starts")
+# An elastic (MIN:MAX) launch sets it to 1 for torchrun: each rendezvous round then gives its workers a
+# fresh store, since the agent store shared across rounds keeps the dead round's keys.
+TORCH_NO_SHARED_RDZV_STORE = EnvVar(
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", Bool(), False, "torchrun c10d: a new worker store each rendezvous round"
+)
 SLURM_JOB_ID = EnvVar("SLURM_JOB_ID", Int(minimum=0), None, "allocation id")
 SLURM_JOB_NODELIST = EnvVar("SLURM_JOB_NODELIST", Str(), None, "hosts of the allocation, compressed")
 SLURM_NNODES = EnvVar("SLURM_NNODES", Int(minimum=1), None, "hosts in the allocation")

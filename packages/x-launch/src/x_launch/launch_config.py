@@ -1,15 +1,13 @@
 """The settings table, and the launch config it types: one field per setting, with its source.
 
-Every launcher setting is one field of ``LaunchConfig``, declared with ``option()``: its kind,
-default, meaning, Accelerate's YAML key, its command-line spellings, its question and the
-contract variable that carries it to the runtime. ``TABLE`` is those rows; the command-line
-options (``cli_options``), the config-file keys (``config_schema``), the questionnaire, the
-``--dry-run`` and ``config show`` display and the environment the launcher sets
-(``contract_env``) are all derived from it. Adding a setting is adding a field here.
-
-A resolved ``LaunchConfig`` gives typed values as attributes (``config.num_processes`` is an
-``int``) and, indexed by config key, each value with its source (``config["num_processes"]``
-is ``Setting(4, "--num_processes")``), which answers "why is it 4 processes?".
+Every launcher setting is one field of ``LaunchConfig``, declared with ``option()``: its kind, default,
+meaning, Accelerate's YAML key, its command-line spellings, its question and the contract variable that
+carries it to the runtime. ``TABLE`` is those rows; the command-line options (``cli_options``), the
+config-file keys (``config_schema``), the questionnaire, the ``--dry-run`` and ``config show`` display
+and the environment the launcher sets (``contract_env``) are derived from it. Adding a setting is
+adding a field here. A resolved ``LaunchConfig`` gives typed values as attributes and, indexed by
+config key, each value with its source (``config["num_processes"]`` is ``Setting(4, "--num_processes")``),
+which answers "why is it 4 processes?".
 """
 
 from __future__ import annotations
@@ -70,7 +68,19 @@ class LaunchConfig(Mapping[str, Setting]):
         question="How should processes share the work (XLA for TPU)?",
     )
     num_machines: int = option(
-        Int(minimum=1), 1, doc="machines (nodes) in the job", cli=_cli("num_machines"), question="How many machines?"
+        Int(minimum=1),
+        1,
+        doc="machines (nodes) in the job",
+        cli=_cli("num_machines"),
+        cli_help="Machines (nodes) in the job: N, or MIN:MAX for an elastic job (starts once MIN joined, goes on "
+        "after losing one; c10d, 3 restarts unless --max_restarts). Default 1. Config key: num_machines, min_machines.",
+        question="How many machines?",
+    )
+    min_machines: int | None = option(
+        Int(minimum=1), None, doc="fewest machines of an elastic job", cli=_cli("min_machines")
+    )
+    max_machines: int | None = option(
+        Int(minimum=1), None, doc="most machines of an elastic job", cli=_cli("max_machines")
     )
     num_processes: int = option(
         Int(minimum=1),
@@ -346,6 +356,11 @@ class LaunchConfig(Mapping[str, Setting]):
         values = {_BY_KEY[key].name: setting.value for key, setting in changes.items()}
         sources = {**self.sources, **{key: setting.source for key, setting in changes.items()}}
         return dataclasses.replace(self, **values, sources=sources)
+
+    @property
+    def elastic(self) -> bool:
+        """Whether the job may run on fewer machines than ``num_machines`` (``min_machines`` below it)."""
+        return self.min_machines is not None and self.min_machines < self.num_machines
 
     def source(self, key: str) -> str:
         """Where the value of ``key`` came from (``default`` when nothing set it)."""

@@ -135,15 +135,9 @@ def build_plan(
     if port == 0 and machines > 1:
         raise ConfigError("--main_process_port 0 works on one machine only; give every machine the same port")
     host = ip or "127.0.0.1"
-    argv = [
-        python,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        str(machines),
-        "--nproc-per-node",
-        str(procs // machines),
-    ]
+    backend = "c10d" if settings.elastic else settings.rdzv_backend  # resolve() refuses static for elastic
+    nnodes = f"{settings.min_machines}:{machines}" if settings.elastic else str(machines)
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", str(procs // machines)]
     # One machine and no port asked for: torchrun's agent binds port 0 itself and keeps it, so two
     # launches started at the same instant cannot pick the same port (a port probed and released
     # here could be taken by the other before torchrun binds it).
@@ -152,15 +146,33 @@ def build_plan(
         preflight.resolve_host(ip)  # torchrun would retry an unknown host for minutes
     if standalone:
         argv += ["--standalone"]
-    elif settings.rdzv_backend == "c10d":
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", f"x-{port}"]
+    elif backend == "c10d":
+        # One id per job: SLURM's job id names the rendezvous (a requeued job meets afresh under
+        # the same id, after the old round's machines are gone); elsewhere the port does.
+        run_id = f"x-slurm-{job.job_id}" if job is not None and job.job_id else f"x-{port}"
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", run_id]
+        # The address the others reach this machine by, for the stores torch hosts on it.
+        local = None if env.TORCHRUN_LOCAL_ADDR.is_set(environ) else preflight.route_address(host, port)
+        argv += ["--local-addr", local] if local else []
+        if settings.elastic:
+            # Each round's workers get a store of their own: the agent store torch shares across
+            # rounds keeps the keys of the round before, and restart counts differ between machines
+            # that failed and machines that only saw the world change.
+            env_vars[env.TORCH_NO_SHARED_RDZV_STORE.name] = env.TORCH_NO_SHARED_RDZV_STORE.format(True)
     else:
         if rank == 0:
             preflight.check_port(host, port)
         argv += ["--node-rank", str(rank), "--master-addr", host, "--master-port", str(port)]
     argv += ["--max-restarts", str(settings.max_restarts)]
-    static = settings.rdzv_backend != "c10d" and not standalone
+    static = backend != "c10d" and not standalone
     rdzv_conf = _with_timeout(settings, "timeout" if static else "join_timeout")
+    if (
+        backend == "c10d"
+        and not standalone
+        and "is_host=" not in rdzv_conf
+        and preflight.hosts_rendezvous_store(host, port)
+    ):
+        rdzv_conf += ",is_host=1"  # torch would not know from the host name (see hosts_rendezvous_store)
     for flag, value in (("--rdzv-conf", rdzv_conf), ("--role", settings.role)):
         if value is not None:
             argv += [flag, value]

@@ -8,6 +8,7 @@ that fails at process 150, a host name that never resolves).
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import threading
@@ -124,6 +125,49 @@ def resolve_host(host: str) -> None:
             f"--main_process_ip {host} does not resolve ({reason}): give machine 0's IP address or a name "
             "every machine can resolve"
         )
+
+
+def route_address(host: str, port: int) -> str | None:
+    """This machine's address on the way to ``host``: what the other machines can reach it by.
+
+    A UDP socket "connected" to ``host`` sends nothing, but the kernel picks the interface and
+    source address it would use. torch's c10d rendezvous otherwise advertises the address
+    ``getfqdn()`` resolves to, which on machines with several networks (or in a network
+    namespace) may be one the others cannot reach, and the workers never meet.
+    """
+    try:
+        family, _kind, _proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(address)
+            return str(probe.getsockname()[0])
+    except (OSError, UnicodeError, IndexError):
+        return None
+
+
+def hosts_rendezvous_store(host: str, port: int) -> bool:
+    """Whether this machine must start the c10d rendezvous store at ``host:port`` itself.
+
+    torch's c10d rendezvous compares the endpoint with the addresses ``gethostname()`` resolves
+    to; a machine reached by another interface's address (a cluster's fast network, a network
+    namespace) is then not taken for the store's host, and no machine starts the store. True when
+    ``host`` is an address of this machine (a socket binds to it), not a loopback one (there
+    torch's own guess is right, and it lets several launchers of one machine share the store),
+    and nothing listens on the port yet.
+    """
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, kind, proto, _name, address in infos:
+        if ipaddress.ip_address(address[0]).is_loopback:
+            return False
+        with socket.socket(family, kind, proto) as probe:
+            try:
+                probe.bind((address[0], 0))
+            except OSError:
+                continue
+        return _listening_pid(port) is None
+    return False
 
 
 def check_bf16(capabilities: list[tuple[int, int]]) -> None:

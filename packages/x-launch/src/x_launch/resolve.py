@@ -10,10 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from x_common import env
 from x_launch.config_file import ConfigError, LoadedConfig
 from x_launch.launch_config import TABLE, LaunchConfig, Setting
 
-__all__ = ["resolve"]
+__all__ = ["ELASTIC_RESTARTS", "resolve"]
+
+ELASTIC_RESTARTS = 3  # restarts an elastic job gets unless told: each lost machine takes one
 
 
 def resolve(
@@ -33,7 +36,7 @@ def resolve(
     import os
 
     environ = os.environ if environ is None else environ
-    flags = flags or {}
+    flags, spelled = _machine_range(dict(flags or {}), environ)
     settings: dict[str, Setting] = {}
     for row in TABLE:
         # accelerate launch's precedence: --use_deepspeed over --use_fsdp over --multi_gpu
@@ -55,4 +58,61 @@ def resolve(
             settings[row.key] = Setting(row.check(source, value), source)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    return LaunchConfig.from_settings(settings)
+    if spelled:
+        for key in ("num_machines", "min_machines", "max_machines"):
+            settings[key] = Setting(settings[key].value, spelled)
+    return LaunchConfig.from_settings(_elastic_counts(settings))
+
+
+def _machine_range(flags: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
+    """``--num_machines MIN:MAX`` (torchrun's ``--nnodes`` spelling) as ``--min_machines``/``--max_machines``.
+
+    Returns the flags and, when a range was given, where (the source its three settings show).
+    """
+    given = flags.get("num_machines")
+    source = "--num_machines"
+    if given is None:
+        source = env.launch_flag_var("num_machines")
+        given = environ.get(source, "").strip() or None
+    if given is None or ":" not in str(given):
+        return flags, None
+    low, _, high = str(given).partition(":")
+    for flag in ("min_machines", "max_machines"):
+        if flags.get(flag) is not None:
+            raise ConfigError(f"{source} {given} and --{flag} both set the machine range: give one")
+    if not low.strip().isdigit() or not high.strip().isdigit():
+        raise ConfigError(f"{source}: {given!r} is not valid: expected N, or MIN:MAX with two integers (e.g. 2:4)")
+    flags.update(num_machines=high.strip(), min_machines=low.strip(), max_machines=high.strip())
+    return flags, f"{source} {given}"
+
+
+def _elastic_counts(settings: dict[str, Setting]) -> dict[str, Setting]:
+    """``max_machines`` is ``num_machines`` (the count every other rule reads); MIN above MAX is refused."""
+    high, count, low = settings.get("max_machines"), settings.get("num_machines"), settings.get("min_machines")
+    if high is not None:
+        if count is not None and count.value != high.value:
+            raise ConfigError(
+                f"num_machines {count.value} ({count.source}) and max_machines {high.value} ({high.source}) "
+                "disagree: give one"
+            )
+        settings["num_machines"] = high
+    machines = settings.get("num_machines", Setting(1, "default"))
+    if low is None or low.value == machines.value:
+        return settings
+    if low.value > machines.value:
+        raise ConfigError(
+            f"min_machines {low.value} ({low.source}) is above the most machines, {machines.value} "
+            f"({machines.source}): use MIN:MAX with MIN <= MAX, e.g. --num_machines {machines.value}:{low.value}"
+        )
+    # Machines that come and go need a rendezvous that can form again (c10d), and restarts: with
+    # torchrun's default of none, the first lost machine would end the job.
+    backend = settings.get("rdzv_backend")
+    if backend is not None and backend.value == "static":
+        raise ConfigError(
+            f"--num_machines {low.value}:{machines.value} needs the c10d rendezvous, but rdzv_backend is "
+            f"static ({backend.source}): drop it or set --rdzv_backend c10d"
+        )
+    elastic = f"elastic default ({low.source})"
+    settings["rdzv_backend"] = Setting("c10d", elastic)
+    settings.setdefault("max_restarts", Setting(ELASTIC_RESTARTS, elastic))
+    return settings

@@ -178,7 +178,15 @@ def derive(settings: LaunchConfig, job: SlurmJob, environ: Mapping[str, str]) ->
     use_cpu = settings.use_cpu
     nnodes = 1 if mode == LOCAL else job.nnodes
 
-    if _explicit(machines) and machines.value != nnodes:
+    if settings.elastic and mode != LOCAL:
+        # An elastic job's allocation may hold any count in its range; the rendezvous counts MAX.
+        if not settings.min_machines <= nnodes <= machines.value:  # type: ignore[operator]
+            raise ConfigError(
+                f"num_machines {settings.min_machines}:{machines.value} {_from(machines)} does not hold the "
+                f"{nnodes} node(s) SLURM gave ({env.SLURM_NNODES.name}={nnodes}): widen the range"
+            )
+        nnodes = machines.value
+    elif _explicit(machines) and machines.value != nnodes:
         raise ConfigError(
             f"num_machines {machines.value} {_from(machines)} disagrees with SLURM: the "
             f"{'step' if job.in_step else 'job'} has {nnodes} node(s) ({env.SLURM_NNODES.name}={nnodes}); "

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from x_runtime.data._position import _Cursor, _EpochCounter
 from x_runtime.data.epoch_rng import EpochRandomness
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.data.nested import concat_batches, find_batch_size, send_to_device, slice_batch
@@ -26,29 +27,6 @@ _END = object()
 
 
 _TENSOR_OPS = BatchOps(find_batch_size, concat_batches, slice_batch)
-
-
-class _EpochCounter:
-    """Where the epoch lives when no seedable sampler holds it (sequential or iterable data)."""
-
-    __slots__ = ("epoch",)
-
-    def __init__(self, epoch: int = 0) -> None:
-        self.epoch = epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-
-class _Cursor:
-    # Per-batch bookkeeping lives here rather than on the loader: DataLoader.__setattr__ is Python
-    # code, a slots store is not.
-    __slots__ = ("done", "epoch", "position")
-
-    def __init__(self) -> None:
-        self.position = 0
-        self.epoch: int | None = None
-        self.done = False  # the running epoch's last batch has been handed out
 
 
 def _unwrap(source: Any) -> Any:
@@ -184,7 +162,9 @@ class _PreparedLoader(DataLoader):
         """Where the iteration stands, as JSON-able values.
 
         ``batches_yielded`` counts the batches of the current epoch this process has handed out
-        (skipped ones included); it is 0 once an epoch has run to its end. With the user's
+        (skipped ones included); it is 0 once an epoch has run to its end. ``stream_batches``
+        counts the batches of the underlying loader the epoch's steps have used, all processes
+        together: what lets a run resume at another world size. With the user's
         generator, ``generators`` holds its state where the epoch of the next batch begins; with
         ``use_seedable_sampler=False``, ``sampler_seed`` the seed the running epoch's shuffle drew.
         """
@@ -194,6 +174,7 @@ class _PreparedLoader(DataLoader):
             "seed": self.seed,
             "batches_yielded": cursor.position,
             "num_processes": self.num_processes,
+            "stream_batches": cursor.offset + cursor.position * self._stream_per_step(self.num_processes),
         }
         # On the epoch's last batch the next batch is the next epoch's (see load_state_dict).
         finished = cursor.done and self._epoch_length() is not None
@@ -207,30 +188,60 @@ class _PreparedLoader(DataLoader):
         beginning: pass ``state_dict()["batches_yielded"]``, read after loading, to
         :func:`skip_first_batches` to continue. A state saved on an epoch's last batch loads as
         the start of the next epoch (``batches_yielded`` 0).
+
+        Saved with another number of processes (an elastic job that lost or gained a machine), the
+        epoch goes on where the saved world's steps ended in the stream every world shares: each
+        sample of the epoch is still used once (see :meth:`_resume_in_world`).
         """
-        if state.get("num_processes", self.num_processes) != self.num_processes:
-            warnings.warn(
-                f"loader state saved with {state['num_processes']} processes, loaded with "
-                f"{self.num_processes}: batches_yielded no longer matches the same samples",
-                stacklevel=2,
-            )
-        position = int(state.get("batches_yielded", 0))
-        length = self._epoch_length() if position else None
+        position, offset = int(state.get("batches_yielded", 0)), 0
+        saved_world = int(state.get("num_processes", self.num_processes))
+        if saved_world != self.num_processes and position:
+            stream = state.get("stream_batches")
+            stream = position * self._stream_per_step(saved_world) if stream is None else int(stream)
+            position, offset = self._resume_in_world(stream, saved_world)
+        length = self._epoch_length() if position or offset else None
         # Saved on the epoch's last batch: nothing of that epoch is left, and the uninterrupted run
         # went on with the next one. Resuming there (rather than replaying an empty epoch, or the
         # whole saved epoch for a loop that resumes by step count) is what makes resume exact.
         finished = length is not None and position >= length
         self._epochs.set_epoch(int(state["epoch"]) + finished)
-        position = 0 if finished else position
+        if finished:
+            position, offset = 0, self._drop_stream_skip()
         seed = state.get("seed")
         if seed is not None:
             self._seed = int(seed)
             if isinstance(self._epochs, SeedableRandomSampler):
                 self._epochs.seed = int(seed)
         self._rng.load_state_dict(state, mid_epoch=not finished)
-        self._cursor.position = position
+        self._cursor.position, self._cursor.offset = position, offset
         if self.use_stateful_dataloader:
             self._resume = max(0, position - self.skip_batches)
+
+    def _stream_per_step(self, world: int) -> int:
+        """Batches of the underlying loader one step uses, all processes together."""
+        return 1 if self.split_batches else world
+
+    def _resume_in_world(self, stream: int, saved_world: int) -> tuple[int, int]:
+        """``(batches_yielded, stream offset)`` here for a state that had used ``stream`` batches.
+
+        Exact when the steps of this world end where the saved ones did; otherwise the epoch
+        restarts at the step boundary before (up to ``num_processes - 1`` batches are used twice).
+        """
+        per_step = self._stream_per_step(self.num_processes)
+        if stream % per_step:
+            warnings.warn(
+                f"loader state saved with {saved_world} processes ends mid-step for {self.num_processes}: "
+                f"{stream % per_step} batch(es) of this epoch will be used twice",
+                stacklevel=3,
+            )
+        return stream // per_step, 0
+
+    def _stream_skip(self) -> int:
+        """Stream batches the next iteration drops before dealing (a resume at another world size)."""
+        return 0
+
+    def _drop_stream_skip(self) -> int:
+        return 0
 
     def __len__(self) -> int:
         return max(0, self._rank_length() - self.skip_batches - self._resume)
@@ -298,6 +309,7 @@ class _PreparedLoader(DataLoader):
         resume, self._resume = self._resume, 0
         position = self.skip_batches + resume
         cursor.epoch, cursor.position, cursor.done = epoch, position, False
+        cursor.offset = self._stream_skip()
         self.end_of_dataloader = False
         self.remainder = -1
         if self._dataset_set_epoch is not None:
@@ -346,7 +358,7 @@ class _PreparedLoader(DataLoader):
             cursor.epoch, cursor.done = None, False
             if completed:
                 epochs.set_epoch(epoch + 1)
-                cursor.position = 0
+                cursor.position = cursor.offset = 0
             elif epochs.epoch == epoch + 1:
                 # The sampler ran to its end ahead of the loader (look-ahead, worker prefetch) but
                 # the loop stopped early: the epoch is not over.

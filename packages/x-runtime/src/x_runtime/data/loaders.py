@@ -102,6 +102,21 @@ class DataLoaderShard(_PreparedLoader):
             return DataLoader.__iter__(self), 0
         return DataLoader.__iter__(self), self.skip_batches + skip
 
+    def _resume_in_world(self, stream: int, saved_world: int) -> tuple[int, int]:
+        if self._shard is None or stream % self._stream_per_step(self.num_processes) == 0:
+            return super()._resume_in_world(stream, saved_world)
+        # The shard drops the used batches from its stream and deals the rest to this world.
+        self._shard.stream_skip_once = stream
+        return 0, stream
+
+    def _stream_skip(self) -> int:
+        return self._shard.stream_skip_once if self._shard is not None else 0
+
+    def _drop_stream_skip(self) -> int:
+        if self._shard is not None:
+            self._shard.stream_skip_once = 0
+        return 0
+
     def _last_remainder(self, batch: Any) -> int:
         if self._shard is not None:
             return self._shard.remainder

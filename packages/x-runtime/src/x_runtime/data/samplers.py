@@ -12,6 +12,7 @@ prepared loaders apply to collated batches of iterable datasets as well.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
@@ -170,6 +171,9 @@ class BatchSamplerShard(Sampler[list[int]]):
         check_split(self.underlying_batch_size, sharding)
         self.remainder = -1
         self.skip_once = 0  # batches of this rank to skip in the next iteration only (resuming)
+        # Batches of the underlying stream to drop before dealing, in the next iteration only: a
+        # run resumed at another world size starts where the saved world's steps ended.
+        self.stream_skip_once = 0
 
     @property
     def num_processes(self) -> int:
@@ -204,7 +208,7 @@ class BatchSamplerShard(Sampler[list[int]]):
         return self.sharding.total_batch_size(self.underlying_batch_size)
 
     def __len__(self) -> int:
-        count = len(self.batch_sampler)  # type: ignore[arg-type]
+        count = max(0, len(self.batch_sampler) - self.stream_skip_once)  # type: ignore[arg-type]
         last = None
         sampler = self.sampler
         if (
@@ -223,8 +227,9 @@ class BatchSamplerShard(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         rank = self.process_index
+        drop, self.stream_skip_once = self.stream_skip_once, 0
         steps = global_steps(
-            self.batch_sampler,
+            itertools.islice(self.batch_sampler, drop, None) if drop else self.batch_sampler,
             self.sharding,
             batch_size=self.underlying_batch_size,
             drop_last=self.drop_last,
