@@ -3,7 +3,9 @@
 Real processes throughout. Beyond Accelerate's behaviour, two faults it has are checked gone: a
 worker blocked in C++ when the agent stops the group dies at once (torch's agent otherwise waits
 30 s per restart for a SIGTERM the worker cannot handle), and a rank joining a group that a peer
-returned without joining fails in one line instead of waiting out the group timeout.
+returned without joining fails in one line instead of waiting out the group timeout. One
+process honours ``max_restarts`` as several do, which Accelerate's own ``test_fault_tolerant``
+needs on one process to pass whatever the timing of its queue.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from x_runtime import PartialState, notebook_launcher, patch_environment
@@ -53,6 +56,53 @@ def test_notebook_launcher_one_process_runs_here() -> None:
         notebook_launcher(print)
     with pytest.raises(ValueError, match="mixed_precision"):
         notebook_launcher(print, num_processes=1, mixed_precision="fp64")
+
+
+def test_one_process_runs_the_function_again_up_to_max_restarts() -> None:
+    calls: list[int] = []
+
+    def fails_twice() -> str:
+        calls.append(len(calls))
+        if len(calls) <= 2:
+            raise RuntimeError(f"attempt {len(calls)} fails")
+        return "done"
+
+    assert notebook_launcher(fails_twice, num_processes=1, max_restarts=3) == "done"
+    assert calls == [0, 1, 2]
+    calls.clear()
+    # Restarts spent: the last attempt's own error, as with none at all.
+    with pytest.raises(RuntimeError, match="attempt 2 fails"):
+        notebook_launcher(fails_twice, num_processes=1, max_restarts=1)
+    assert calls == [0, 1]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="attempt 1 fails"):
+        notebook_launcher(fails_twice, num_processes=1)
+    assert calls == [0]
+
+
+def _tough_nut(queue, tries: list[int]) -> None:
+    # Accelerate 1.15's test_fault_tolerant function, counting its attempts.
+    tries.append(1)
+    if queue.empty():
+        return
+    trial = queue.get()
+    if trial > 0:
+        queue.put(trial - 1)
+        raise RuntimeError("The nut hasn't cracked yet! Try again.")
+
+
+def test_accelerates_fault_tolerant_test_passes_on_one_process_once_its_queue_is_flushed() -> None:
+    queue = mp.get_context("fork").Queue()
+    queue.put(3)
+    # A put reaches the pipe when the queue's feeder thread runs; under CPU load it runs before
+    # the function looks, which a short wait makes certain. One attempt then always failed.
+    deadline = time.monotonic() + 10
+    while queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not queue.empty()
+    tries: list[int] = []
+    notebook_launcher(_tough_nut, (queue, tries), num_processes=1, max_restarts=3)
+    assert 2 <= len(tries) <= 4
 
 
 def test_notebook_launcher_runs_two_processes(tmp_path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
@@ -114,3 +116,34 @@ def test_skip_batch_sampler_skips_every_time_plus_once() -> None:
     assert list(skipper) == [[2, 3], [4, 5], [6, 7], [8, 9]]  # skip_once is spent
     assert list(SkipBatchSampler(batches(4, 2), 5)) == [] and len(SkipBatchSampler(batches(4, 2), 5)) == 0
     assert skipper.batch_size == 2 and skipper.drop_last is False
+
+
+class _General(BatchSampler):
+    """A BatchSampler subclass: the shard deals its batches by the general rule, not rank_share."""
+
+
+def _walk(batch_sampler_type, n, batch, batch_drop_last, world, rank, even, drop_last, seeded, drop, skip):
+    sampler = SeedableRandomSampler(range(n), seed=3) if seeded else SequentialSampler(range(n))
+    shard = BatchSamplerShard(
+        batch_sampler_type(sampler, batch, batch_drop_last), world, rank, even_batches=even, drop_last=drop_last
+    )
+    shard.stream_skip_once = drop
+    length = len(shard)
+    shard.skip_once = skip
+    batches = list(shard)
+    return batches, shard.remainder, length, getattr(sampler, "epoch", None)
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["sequential", "seedable"])
+@pytest.mark.parametrize("world", [2, 3])
+def test_cutting_a_ranks_batches_from_the_order_gives_the_general_rules_batches(world, seeded) -> None:
+    """rank_share (one slice per step) against the general dealing: batches, remainder, len, epoch."""
+    compared = 0
+    for n, batch, batch_drop_last, even, drop_last, drop, skip in itertools.product(
+        [1, 5, 12, 13, 37], [1, 3, 4], [False, True], [True, False], [False, True], [0, 1, 3], [0, 1]
+    ):
+        for rank in range(world):
+            args = (n, batch, batch_drop_last, world, rank, even, drop_last, seeded, drop, skip)
+            assert _walk(BatchSampler, *args) == _walk(_General, *args), args
+            compared += 1
+    assert compared == 720 * world

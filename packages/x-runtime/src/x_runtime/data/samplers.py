@@ -13,12 +13,13 @@ prepared loaders apply to collated batches of iterable datasets as well.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import RandomSampler, Sampler
+from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
 
+from x_runtime.data.rank_share import rank_share
 from x_runtime.data.sharding import Sharding
 from x_runtime.data.steps import global_steps, rank_batch_count
 
@@ -99,19 +100,22 @@ class SeedableRandomSampler(RandomSampler):
         """Make the next iteration shuffle for ``epoch``."""
         self.epoch = int(epoch)
 
-    def __iter__(self) -> Iterator[int]:
+    def order(self) -> list[int]:
+        """The indices the next iteration yields, in order, without moving the epoch."""
         size = len(self.data_source)
         count = self.num_samples
         generator = self.generator if self.generator is not None else torch.Generator()
         generator.manual_seed(_mix_seed(self.seed, self.epoch))
         if self.replacement:
-            yield from torch.randint(size, (count,), dtype=torch.int64, generator=generator).tolist()
-        else:
-            whole, rest = divmod(count, size)
-            for _ in range(whole):
-                yield from torch.randperm(size, generator=generator).tolist()
-            if rest:
-                yield from torch.randperm(size, generator=generator)[:rest].tolist()
+            return torch.randint(size, (count,), dtype=torch.int64, generator=generator).tolist()
+        whole, rest = divmod(count, size)
+        parts = [torch.randperm(size, generator=generator) for _ in range(whole)]
+        if rest:
+            parts.append(torch.randperm(size, generator=generator)[:rest])
+        return torch.cat(parts).tolist() if parts else []
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.order()
         self.epoch += 1
 
 
@@ -225,9 +229,38 @@ class BatchSamplerShard(Sampler[list[int]]):
             last_batch_size=last,
         )
 
+    def _rank_share(self, drop: int) -> Iterator[tuple[list[int] | None, int]] | None:
+        """This rank's batches cut from the sampler's order (``rank_share``), where that path applies."""
+        source = self.batch_sampler
+        if self.split_batches or self.num_processes == 1 or type(source) is not BatchSampler:
+            return None
+        known = _known_order(source.sampler)
+        if known is None:
+            return None
+        order, exhausted = known
+        return rank_share(
+            order[drop * source.batch_size :],
+            self.sharding,
+            batch_size=source.batch_size,
+            batch_drop_last=source.drop_last,
+            drop_last=self.drop_last,
+            exhausted=exhausted,
+        )
+
     def __iter__(self) -> Iterator[list[int]]:
         rank = self.process_index
         drop, self.stream_skip_once = self.stream_skip_once, 0
+        share = self._rank_share(drop)
+        if share is not None:
+            skip, self.skip_once = self.skip_once, 0
+            for batch, real in share:
+                self.remainder = real
+                if batch is not None:
+                    if skip:
+                        skip -= 1
+                        continue
+                    yield batch
+            return
         steps = global_steps(
             itertools.islice(self.batch_sampler, drop, None) if drop else self.batch_sampler,
             self.sharding,
@@ -243,6 +276,19 @@ class BatchSamplerShard(Sampler[list[int]]):
                     skip -= 1
                     continue
                 yield batch
+
+
+def _known_order(sampler: Any) -> tuple[list[int], Callable[[], None]] | None:
+    """The sampler's next order and what ends its iteration, when both are known without iterating it."""
+    if type(sampler) is SequentialSampler:
+        return list(range(len(sampler))), lambda: None
+    if isinstance(sampler, SeedableRandomSampler) and type(sampler).__iter__ is SeedableRandomSampler.__iter__:
+
+        def advance() -> None:
+            sampler.epoch += 1
+
+        return sampler.order(), advance
+    return None
 
 
 def check_split(batch_size: int | None, sharding: Sharding) -> None:

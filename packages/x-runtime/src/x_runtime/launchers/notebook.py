@@ -9,6 +9,13 @@ when one fails; the failure comes back as torch's ``ChildFailedError``, naming t
 error. Forking a parent that already initialised CUDA, or that is in a process group, would hand
 the children state they cannot use, so that is refused before anything starts.
 
+One process honours ``max_restarts`` too (Accelerate ignores it there): the function runs again
+after an exception, and the last attempt's own error comes back. A function written to succeed
+only once restarted (Accelerate's ``test_fault_tolerant``) otherwise passed or failed on timing:
+it returns at once when its ``multiprocessing.Queue`` looks empty, and a ``put`` reaches the
+queue's pipe only once the queue's feeder thread has run, so the single attempt failed whenever
+that thread ran before the check (often under CPU load) and passed, having done nothing, when not.
+
 torch's agent installs its own SIGTERM/SIGINT/SIGHUP/SIGQUIT handlers in this process before it
 forks, and never takes them back. Forked workers would inherit a Python-level SIGTERM handler,
 which runs only when the main thread returns to the interpreter: a worker blocked in C++ (a gloo
@@ -22,6 +29,7 @@ a rank still joining the group then fails in one line instead of waiting 30 minu
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import signal
 import threading
@@ -39,6 +47,7 @@ from x_runtime.utils.imports import is_cuda_available
 
 __all__ = ["notebook_launcher"]
 
+_log = logging.getLogger(__name__)
 _PRECISIONS = ("no", "fp16", "bf16", "fp8")
 # The signals torch's agent takes over (its TORCHELASTIC_SIGNALS_TO_HANDLE default).
 _AGENT_SIGNALS = tuple(
@@ -71,6 +80,24 @@ def _as_worker(function: Callable[..., Any], caller_handlers: dict[signal.Signal
     return worker
 
 
+def _run_here(function: Callable[..., Any], args: tuple[Any, ...], max_restarts: int) -> Any:
+    """``function(*args)`` in this process, run again after an exception up to ``max_restarts`` times."""
+    for restart in range(1, max_restarts + 1):
+        try:
+            return function(*args)
+        except Exception as error:
+            _log.warning(
+                "notebook_launcher: %s raised %s: %s; restart %d of %d",
+                getattr(function, "__name__", "the function"),
+                type(error).__name__,
+                error,
+                restart,
+                max_restarts,
+            )
+    # Outside the loop, so that the last attempt's error comes back unwrapped, as with no restarts.
+    return function(*args)
+
+
 def notebook_launcher(
     function: Callable[..., Any],
     args: tuple[Any, ...] = (),
@@ -93,7 +120,8 @@ def notebook_launcher(
     Args:
         function: what each process runs; build the ``Accelerator`` inside it.
         args: its positional arguments.
-        num_processes: processes on this node; 1 runs ``function`` in this process.
+        num_processes: processes on this node; 1 runs ``function`` in this process (again after
+            an exception, up to ``max_restarts`` times).
         mixed_precision: "no", "fp16", "bf16" or "fp8", seen by every ``Accelerator`` inside.
         use_port: the port of the static backend's rendezvous.
         master_addr: the address of the static backend's rendezvous.
@@ -103,7 +131,8 @@ def notebook_launcher(
         rdzv_endpoint: passed to torch's elastic launcher.
         rdzv_conf: passed to torch's elastic launcher.
         rdzv_id: passed to torch's elastic launcher.
-        max_restarts: restarts of all workers after a failure before giving up.
+        max_restarts: restarts of all workers (of ``function``, with one process) after a failure
+            before giving up.
         monitor_interval: seconds between the agent's checks of its workers.
         log_line_prefix_template: prefix of each worker's output lines (e.g. "[rank${rank}]").
 
@@ -114,7 +143,8 @@ def notebook_launcher(
         ValueError: ``num_processes`` missing, a bad ``mixed_precision`` or ``node_rank``, or
             a parent that initialised CUDA or joined a process group before forking.
         torch.distributed.elastic.multiprocessing.errors.ChildFailedError: a worker failed
-            (after ``max_restarts`` restarts).
+            (after ``max_restarts`` restarts). With one process, what ``function`` raised on its
+            last attempt.
     """
     mode = str(mixed_precision).lower()
     if mode not in _PRECISIONS:
@@ -125,7 +155,7 @@ def notebook_launcher(
         raise ValueError(f"node_rank ({node_rank}) must be less than num_nodes ({num_nodes})")
     if num_processes <= 1 and num_nodes <= 1:
         with patch_environment(**{env.MIXED_PRECISION.name: mode}):
-            return function(*args)
+            return _run_here(function, args, max_restarts)
     if torch.cuda.is_initialized():
         raise ValueError(
             "CUDA was initialised in this process before notebook_launcher: forked workers could not use it. "
