@@ -322,6 +322,14 @@ def bench(session: nox.Session) -> None:
         session.run("python", str(script), *session.posargs)
 
 
+@session(name="bench-quick", tags=("ci",))
+def bench_quick(session: nox.Session) -> None:
+    """Every benchmark's --quick smoke run: each must run to its end; its ratios are printed, never asserted."""
+    install(session, PACKAGES, tools=("accelerate",))
+    for script in sorted((ROOT / "benchmarks").glob("bench_*.py")):
+        session.run("python", str(script), "--quick", *session.posargs)
+
+
 def _hardware_tests(
     session: nox.Session, *, marker: str, torch: str, present: bool, absent_reason: str, extra: tuple[str, ...] = ()
 ) -> None:

@@ -1,6 +1,6 @@
 """Start-up cost of `x-estimate` vs `accelerate estimate-memory` vs `import torch`, one run.
 
-    nox -s bench            # or: python benchmarks/bench_estimate.py [--repeat 5]
+    nox -s bench            # or: python benchmarks/bench_estimate.py [--repeat 5] [--quick]
 
 Each command runs as a fresh subprocess on the same local bert-base-cased config folder: what a
 user waits for is interpreter start, imports and the meta-device build, so in-process timing would
@@ -94,8 +94,11 @@ def make_config(folder: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="a smoke run: one timed run of each command")
     # nox -s bench passes the same arguments to every benchmark; ignore the ones meant for others.
     args, _ = parser.parse_known_args()
+    if args.quick:
+        args.repeat = 1
 
     for dist in ("torch", "transformers", "accelerate", "x-estimate"):
         print(f"{dist} {version(dist)}")
