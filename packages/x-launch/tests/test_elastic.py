@@ -174,3 +174,19 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def test_the_store_host_is_the_machine_that_owns_the_address() -> None:
+    from x_launch import preflight
+
+    assert not preflight.hosts_rendezvous_store("127.0.0.1", 29411)  # torch's own guess is right there
+    assert not preflight.hosts_rendezvous_store("192.0.2.77", 29411)  # TEST-NET-1: no machine of ours
+    own = preflight.route_address("192.0.2.77", 29411)  # this machine's address on the way out
+    if own is None or own.startswith("127."):
+        pytest.skip("this machine has no route off the loopback")
+    port = _free_port()
+    assert preflight.hosts_rendezvous_store(own, port)
+    with socket.socket() as holder:  # a launcher of this machine started the store already
+        holder.bind((own, port))
+        holder.listen()
+        assert not preflight.hosts_rendezvous_store(own, port)

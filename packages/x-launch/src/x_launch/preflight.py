@@ -162,11 +162,14 @@ def hosts_rendezvous_store(host: str, port: int) -> bool:
         if ipaddress.ip_address(address[0]).is_loopback:
             return False
         with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds it
             try:
-                probe.bind((address[0], 0))
-            except OSError:
-                continue
-        return _listening_pid(port) is None
+                probe.bind((address[0], port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return False  # another launcher of this machine holds the store already
+                continue  # not an address of this machine
+        return True
     return False
 
 
