@@ -123,16 +123,21 @@ def main() -> None:
         else:
             commands[ACC] = [sys.executable, "-c", ACCELERATE, folder, *dtypes]
 
+        first: dict[str, float] = {}
         for name, expected in EXPECTED.items():
             if name in commands:
-                total = float32_total(run(name, commands[name], env)[1])
+                first[name], out = run(name, commands[name], env)
+                total = float32_total(out)
                 if total != expected:
                     sys.exit(f"{name}: float32 Total Size {total}, expected {expected}")
-        run("import torch", commands["import torch"], env)  # the others were warmed up by their check
+        for name, argv in commands.items():  # the others were warmed up by their check
+            if name not in first:
+                first[name] = run(name, argv, env)[0]
 
         # Round-robin rather than one command after another, so drift in machine load hits all alike.
-        times: dict[str, list[float]] = {name: [] for name in commands}
-        for _ in range(args.repeat):
+        # --quick times nothing twice: the checked first runs are its one (cold-ish) measurement.
+        times: dict[str, list[float]] = {name: [first[name]] if args.quick else [] for name in commands}
+        for _ in range(0 if args.quick else args.repeat):
             for name, argv in commands.items():
                 times[name].append(run(name, argv, env)[0])
 
@@ -152,10 +157,10 @@ def main() -> None:
     ratio = medians[COLD] / base
     verdict = "met" if ratio <= TARGET else "NOT met"
     print(f"target: x-estimate --no-cache <= {TARGET}x `import torch`: {verdict} ({ratio:.2f}x)")
-    simulated_8b(x_estimate, args.repeat)
+    simulated_8b(x_estimate, args.repeat, quick=args.quick)
 
 
-def simulated_8b(x_estimate: str, repeat: int) -> None:
+def simulated_8b(x_estimate: str, repeat: int, *, quick: bool = False) -> None:
     """Time the simulated Llama-3.1-8B estimate at 8k tokens against its import floor."""
     floor, formula, simulated, acc = (
         "import modeling_llama", "x-estimate --method formula", "x-estimate (simulated)", ACC,
@@ -170,14 +175,15 @@ def simulated_8b(x_estimate: str, repeat: int) -> None:
         commands[acc] = [sys.executable, "-c", ACCELERATE, str(LLAMA_8B), "--dtypes", "float32"]
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "XDG_CACHE_HOME": cache}
-        out = run(simulated, commands[simulated], env)[1]  # warm-up, and the answer is checked
+        first = {simulated: run(simulated, commands[simulated], env)}  # warm-up, and the answer is checked
+        out = first[simulated][1]
         if "Training peak (adamw, simulated)" not in out or "peak in backward" not in out:
             sys.exit(f"{simulated}: no simulated training figures in its output:\n{out}")
         for name, argv in commands.items():
             if name != simulated:
-                run(name, argv, env)
-        times: dict[str, list[float]] = {name: [] for name in commands}
-        for _ in range(repeat):
+                first[name] = run(name, argv, env)
+        times: dict[str, list[float]] = {name: [first[name][0]] if quick else [] for name in commands}
+        for _ in range(0 if quick else repeat):
             for name, argv in commands.items():
                 times[name].append(run(name, argv, env)[0])
     medians = {name: statistics.median(ts) for name, ts in times.items()}

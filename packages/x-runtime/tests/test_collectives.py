@@ -347,3 +347,40 @@ def test_broadcast_from_rank_1_in_place(reports, world) -> None:
         error, text = _error(rep, "broadcast_bad_source")
         assert error == "ValueError" and f"[0, {world}), got {world}" in text
         assert ok(rep, "broadcast_object_list") == {"same_object": True, "items": [1, "x1", None]}
+
+
+def test_prepare_shares_the_shuffle_seed_in_one_tensor_broadcast(inline_worker, workers) -> None:
+    """No data_seed: rank 0's draw reaches every rank in one int64 broadcast, nothing pickled."""
+    script = inline_worker(
+        """
+        import torch, torch.distributed as dist
+        from _helpers import report
+        from x_runtime import Accelerator
+        from x_runtime.process.collectives import broadcast_int
+        accelerator = Accelerator(cpu=True)
+        rank = accelerator.process_index
+        torch.manual_seed(100 + rank)  # the ranks' draws differ: only the broadcast can make them agree
+        calls = []
+        for name in ("broadcast", "broadcast_object_list", "all_gather_object", "all_gather", "barrier"):
+            real = getattr(dist, name)
+            def counted(*args, _real=real, _name=name, **kwargs):
+                calls.append(_name)
+                return _real(*args, **kwargs)
+            setattr(dist, name, counted)
+        loader = torch.utils.data.DataLoader(list(range(40)), batch_size=4, shuffle=True)
+        loader = accelerator.prepare(loader)
+        made = list(calls)
+        order = [i for batch in loader for i in batch.tolist()]
+        report({
+            "collectives": made,
+            "seed": loader.state_dict()["seed"],
+            "both": sorted(sum(accelerator.gather_for_metrics(torch.tensor(order)).view(2, -1).tolist(), [])),
+            "from_1": broadcast_int(2**62 + rank, from_process=1),
+        })
+        """
+    )
+    first, second = workers(script, 2)
+    assert first["collectives"] == second["collectives"] == ["broadcast"]
+    assert first["seed"] == second["seed"]
+    assert first["both"] == list(range(40))  # one shared order: the two ranks' halves make the dataset
+    assert first["from_1"] == second["from_1"] == 2**62 + 1

@@ -150,9 +150,9 @@ def _shared_seed(data_seed: int | None, generator: torch.Generator | None, num_p
         return int(data_seed)
     seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
     if num_processes > 1 and dist.is_available() and dist.is_initialized():
-        from x_runtime.process.collectives import broadcast_object_list
+        from x_runtime.process.collectives import broadcast_int
 
-        seed = int(broadcast_object_list([seed], from_process=0)[0])
+        seed = broadcast_int(seed, from_process=0)
     return seed
 
 

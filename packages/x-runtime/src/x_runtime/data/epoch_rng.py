@@ -95,9 +95,9 @@ class EpochRandomness:
         if drawn is None:
             drawn = int(torch.empty((), dtype=torch.int64).random_().item())  # RandomSampler's own draw
             if self._share_seed:
-                from x_runtime.process.collectives import broadcast_object_list
+                from x_runtime.process.collectives import broadcast_int
 
-                drawn = int(broadcast_object_list([drawn], from_process=0)[0])
+                drawn = broadcast_int(drawn, from_process=0)
         self._seed = drawn
         # RandomSampler reads its generator once, as its iteration starts; ``started`` takes it back.
         sampler.generator = torch.Generator().manual_seed(drawn)

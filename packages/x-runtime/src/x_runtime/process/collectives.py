@@ -26,6 +26,7 @@ from x_runtime.process._gather_fold import gather_tensors
 from x_runtime.process._shape_check import (
     _by_rank,
     _check_shapes,
+    _meta_device,
     _raise_local_problems,
     _rebuild,
     _walk,
@@ -38,6 +39,7 @@ from x_runtime.process.errors import DistributedOperationException
 __all__ = [
     "barrier",
     "broadcast",
+    "broadcast_int",
     "broadcast_object_list",
     "copy_tensor_to_devices",
     "gather",
@@ -332,6 +334,25 @@ def broadcast_object_list(object_list: list[Any], from_process: int = 0, *, debu
             verify_operation(f"{_OPS}.broadcast_object_list", object_list, key=len, group=object_group())
         dist.broadcast_object_list(object_list, src=source, group=object_group())
     return object_list
+
+
+def broadcast_int(value: int, from_process: int = 0) -> int:
+    """``from_process``'s integer (an int64) on every process: one tensor broadcast, nothing pickled.
+
+    What ``prepare`` shares (a shuffle seed): ``broadcast_object_list`` would pickle it and make two
+    collectives, its size and then its bytes.
+
+    Examples:
+        >>> broadcast_int(7)
+        7
+    """
+    world = world_size()
+    if world == 1:
+        return int(value)
+    group = object_group()  # under XLA a gloo group beside it, whose tensors live on the CPU
+    box = torch.tensor([value], dtype=torch.int64, device=_meta_device() if group is None else "cpu")
+    dist.broadcast(box, src=_source_rank("broadcast_int", from_process, world), group=group)
+    return int(box.item())
 
 
 def copy_tensor_to_devices(
