@@ -77,6 +77,7 @@ def main() -> None:
             handle.write(b"\0" * (free - 96 * 1024))
     accelerator.wait_for_everyone()
     results["free_before"] = shutil.disk_usage(disk).free
+    accelerator.wait_for_everyone()  # read before any rank's save writes its first file
     results["mid_write"] = attempt(lambda: accelerator.save_state(str(shared)))
     accelerator.wait_for_everyone()
     results["free_after"] = shutil.disk_usage(disk).free
@@ -95,6 +96,7 @@ def main() -> None:
     accelerator.wait_for_everyone()
     own = disk / f"rank{rank()}" / "ckpt"
     results["together_free"] = shutil.disk_usage(disk).free
+    accelerator.wait_for_everyone()  # read before any rank's save writes its first file
     results["together"] = attempt(lambda: accelerator.save_state(str(own)))
     accelerator.wait_for_everyone()
     results["together_free_after"] = shutil.disk_usage(disk).free
