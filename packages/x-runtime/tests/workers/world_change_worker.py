@@ -33,7 +33,9 @@ def main() -> None:
     )
     set_seed(5)
     g = torch.Generator().manual_seed(2)
-    data = TensorDataset(torch.randn(SAMPLES, 5, generator=g), torch.randn(SAMPLES, 1, generator=g), torch.arange(SAMPLES))
+    data = TensorDataset(
+        torch.randn(SAMPLES, 5, generator=g), torch.randn(SAMPLES, 1, generator=g), torch.arange(SAMPLES)
+    )
     net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Dropout(0.1), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(net.parameters(), lr=0.05)
     net, opt, loader = accelerator.prepare(net, opt, DataLoader(data, batch_size=BATCH, shuffle=True))
