@@ -1,20 +1,26 @@
 """x_bigmodel.from_pretrained vs transformers + Accelerate from_pretrained(device_map=...), side by side.
 
-    python benchmarks/bench_pretrained.py [--quick] [--repeat 2] [--cache-dir DIR]
+    python benchmarks/bench_pretrained.py [--quick] [--repeat 3] [--cache-dir DIR]
 
-The checkpoint is a synthetic Llama (LlamaForCausalLM, random weights, untied head) saved by
-``save_pretrained`` as sharded safetensors into --cache-dir (default $TMPDIR/x-bench-pretrained),
-reused while its spec matches: ~1.2 GB fp32 by default (hidden 1536, 10 layers), ~150 MB with
---quick. Each (library, scenario, cache state) runs in a fresh process (this script with
---worker), round-robin, --repeat times; shown are medians, and x/theirs ratios.
+The checkpoint is bench_bigmodel.py's synthetic Llama (LlamaForCausalLM: hidden 2048, 12 layers,
+intermediate 5632, vocab 32000, untied head, seeded random weights), 2.99 GB fp32 in 7 safetensors
+shards, built once by ``bigmodel_workers/make_checkpoint.py`` into --cache-dir (default
+$TMPDIR/x-bench-bigmodel, shared with bench_bigmodel.py) and reused while its spec matches; --quick
+uses its 283 MB one (hidden 640, 6 layers). Each (library, scenario, cache state) runs in a fresh
+process (this script with --worker); within a repeat, x and transformers run back to back for each
+scenario and cache state, in alternating order. Shown are medians, and ratios are medians of the
+per-repeat ratios x/theirs.
 
 Scenarios: ``cpu`` (``device_map={"": "cpu"}``) and ``disk`` (``device_map="auto"``,
-``max_memory={"cpu": <two thirds of the model>}``, an empty offload folder). Cache states: warm (every
-shard read once, untimed, just before) and cold (``posix_fadvise(DONTNEED)`` on every shard).
-Measured: the load call's wall time; peak RSS rise over load + generate (VmHWM after a
-clear_refs reset, minus VmRSS before the load); bytes written during the load (/proc/self/io
-write_bytes) and left in the offload folder; first-token time (``generate(max_new_tokens=1)``)
-and steady time per token (a 10-token generate minus a 2-token one, over 8). Greedy tokens of both must agree. Nothing is
+``max_memory={"cpu": "1GiB"}`` (192 MiB with --quick), an empty offload folder). Cache states: warm
+(every shard read once, untimed, just before) and cold (``os.sync()``, then
+``posix_fadvise(DONTNEED)`` on every shard: no root needed). Measured: the load call's wall time;
+peak RSS rise over load + generate (VmHWM after a clear_refs reset, minus VmRSS before the load;
+mapped file pages count, for both); RSS rise right after the load; bytes written during the load
+(/proc/self/io write_bytes) and left in the offload folder; first-token time
+(``generate(max_new_tokens=1)``, 8 prompt tokens), load + first token, and steady time per token
+(a 10-token generate minus a 2-token one, over 8). Greedy tokens of both must agree. The load
+average before and after is printed: the figures are only as quiet as the machine. Nothing is
 asserted: the script prints the table.
 """
 
@@ -31,29 +37,33 @@ import tempfile
 import time
 from pathlib import Path
 
-PRESETS = {
-    "full": {"hidden_size": 1536, "intermediate_size": 4096, "num_hidden_layers": 10, "vocab_size": 32000},
-    "quick": {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8, "vocab_size": 32000},
+WORKERS = Path(__file__).parent / "bigmodel_workers"
+COMMON = {"vocab_size": 32000, "tie_word_embeddings": False, "max_position_embeddings": 2048}
+PRESETS = {  # as bench_bigmodel.py's, so both scripts share one checkpoint
+    "full": {
+        "name": "llama-3g",
+        "config": {"hidden_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 16, "intermediate_size": 5632},
+        "shard_size": "500MB",
+        "cpu_budget": "1GiB",
+    },
+    "quick": {
+        "name": "llama-300m",
+        "config": {"hidden_size": 640, "num_hidden_layers": 6, "num_attention_heads": 10, "intermediate_size": 1728},
+        "shard_size": "64MB",
+        "cpu_budget": "192MiB",
+    },
 }
-SHARD = "200MB"
 PROMPT = [[1, 306, 4658, 278, 6593, 310, 2834, 338]]
 
 
-def build(folder: Path, preset: str) -> None:
-    spec = {"preset": PRESETS[preset], "shard": SHARD}
-    stamp = folder / "spec.json"
-    if stamp.is_file() and json.loads(stamp.read_text()) == spec:
-        return
-    shutil.rmtree(folder, ignore_errors=True)
-    import torch
-    import transformers
-
-    config = transformers.LlamaConfig(
-        **PRESETS[preset], num_attention_heads=16, num_key_value_heads=16, tie_word_embeddings=False
+def build(folder: Path, preset: dict) -> None:
+    spec = {"folder": str(folder), "config": {**COMMON, **preset["config"]}}
+    spec |= {"shard_size": preset["shard_size"], "seed": 0}
+    proc = subprocess.run(
+        [sys.executable, str(WORKERS / "make_checkpoint.py"), json.dumps(spec)], capture_output=True, text=True
     )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(folder, max_shard_size=SHARD)
-    stamp.write_text(json.dumps(spec))
+    if proc.returncode:
+        sys.exit(f"building the checkpoint failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
 
 
 def _status(field: str) -> int:
@@ -75,6 +85,8 @@ def worker(args: dict) -> dict:
 
     folder = Path(args["checkpoint"])
     shards = sorted(folder.glob("*.safetensors"))
+    if args["cache"] == "cold":
+        os.sync()  # dirty pages cannot be dropped
     for shard in shards:
         with open(shard, "rb") as f:
             if args["cache"] == "warm":
@@ -100,6 +112,7 @@ def worker(args: dict) -> dict:
     rss0, written0, t0 = _status("VmRSS"), _written(), time.perf_counter()
     model = load()
     load_s, written = time.perf_counter() - t0, _written() - written0
+    rss_load = _status("VmRSS") - rss0
     ids = torch.tensor(PROMPT)
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -115,6 +128,8 @@ def worker(args: dict) -> dict:
     return {
         "load_s": load_s,
         "rss_rise": _status("VmHWM") - rss0,
+        "rss_load": rss_load,
+        "load_first_s": load_s + first_s,
         "written": written,
         "left": left,
         "first_s": first_s,
@@ -125,7 +140,7 @@ def worker(args: dict) -> dict:
     }
 
 
-def run(lib: str, scenario: str, cache: str, folder: Path, budget: int) -> dict | str:
+def run(lib: str, scenario: str, cache: str, folder: Path, budget: str) -> dict | str:
     scratch = Path(tempfile.mkdtemp(prefix="run-", dir=folder.parent))
     args = {"library": lib, "scenario": scenario, "cache": cache, "checkpoint": str(folder), "cpu_budget": budget}
     args["offload"] = str(scratch / "offload") if scenario == "disk" else None
@@ -142,54 +157,74 @@ def run(lib: str, scenario: str, cache: str, folder: Path, budget: int) -> dict 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+FIELDS = [
+    ("load_s", 1, " s"),
+    ("first_s", 1, " s"),
+    ("load_first_s", 1, " s"),
+    ("steady_s", 1, " s"),
+    ("rss_load", 2**20, " MiB"),
+    ("rss_rise", 2**20, " MiB"),
+    ("written", 2**20, " MiB"),
+    ("left", 2**20, " MiB"),
+]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "x-bench-pretrained")
+    parser.add_argument("--quick", action="store_true", help="the 283 MB checkpoint instead of the 2.99 GB one")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of every variant (default 3)")
+    parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "x-bench-bigmodel")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.worker:
         print(json.dumps(worker(json.loads(opts.worker))))
         return
-    preset = "quick" if opts.quick else "full"
-    folder = opts.cache_dir / f"llama-{preset}"
+    import torch
+    import transformers
+
+    preset = PRESETS["quick" if opts.quick else "full"]
+    folder = opts.cache_dir / preset["name"]
     build(folder, preset)
     size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    budget = size * 2 // 3
-    print(f"checkpoint: {folder} ({size / 2**20:.0f} MiB), disk scenario cpu budget {budget / 2**20:.0f} MiB")
+    print(f"checkpoint: {folder} ({size / 1e9:.2f} GB), disk scenario cpu budget {preset['cpu_budget']}")
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {os.cpu_count()} CPUs")
+    print("load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     keys = [(s, c) for s in ("cpu", "disk") for c in ("warm", "cold")]
-    results: dict[tuple[str, str, str], list[dict]] = {}
+    results: dict[tuple[str, str, str], list[dict | None]] = {}
     for r in range(opts.repeat):
-        for lib in ("x", "hf") if r % 2 == 0 else ("hf", "x"):
-            for scenario, cache in keys:
-                got = run(lib, scenario, cache, folder, budget)
+        for scenario, cache in keys:
+            for lib in ("x", "hf") if r % 2 == 0 else ("hf", "x"):
+                got = run(lib, scenario, cache, folder, preset["cpu_budget"])
                 if isinstance(got, str):
                     print(f"{lib} {scenario} {cache}: {got}")
-                    continue
-                results.setdefault((lib, scenario, cache), []).append(got)
+                results.setdefault((lib, scenario, cache), []).append(None if isinstance(got, str) else got)
+    print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
     def med(lib: str, scenario: str, cache: str, field: str) -> float | None:
-        runs = results.get((lib, scenario, cache))
-        return statistics.median(run[field] for run in runs) if runs else None
+        runs = [run[field] for run in results.get((lib, scenario, cache), []) if run]
+        return statistics.median(runs) if runs else None
+
+    def ratio(scenario: str, cache: str, field: str) -> str:
+        pairs = zip(results.get(("x", scenario, cache), []), results.get(("hf", scenario, cache), []), strict=True)
+        ratios = [ours[field] / theirs[field] for ours, theirs in pairs if ours and theirs and theirs[field]]
+        return f"{statistics.median(ratios):.2f}x" if ratios else "n/a"
 
     def show(value: float | None, scale: float = 1.0, unit: str = "") -> str:
         return "n/a" if value is None else f"{value / scale:.3g}{unit}"
 
-    fields = [("load_s", 1, " s"), ("rss_rise", 2**20, " MiB"), ("written", 2**20, " MiB"), ("left", 2**20, " MiB")]
-    fields += [("first_s", 1, " s"), ("steady_s", 1, " s")]
     print("| scenario | cache | measure | x_bigmodel | transformers+Accelerate | x / theirs |")
     print("|---|---|---|---|---|---|")
     for scenario, cache in keys:
-        for field, scale, unit in fields:
+        for field, scale, unit in FIELDS:
             ours, theirs = med("x", scenario, cache, field), med("hf", scenario, cache, field)
-            ratio = f"{ours / theirs:.2f}x" if ours is not None and theirs else "n/a"
             print(
-                f"| {scenario} | {cache} | {field} | {show(ours, scale, unit)} | {show(theirs, scale, unit)} | {ratio} |"
+                f"| {scenario} | {cache} | {field} | {show(ours, scale, unit)} | {show(theirs, scale, unit)} "
+                f"| {ratio(scenario, cache, field)} |"
             )
-        pair = [results.get((lib, scenario, cache), [{}])[0] for lib in ("x", "hf")]
-        agree = pair[0].get("tokens") == pair[1].get("tokens") and "tokens" in pair[0]
-        print(f"| {scenario} | {cache} | same greedy tokens | {agree} | device map {pair[0].get('map')} | |")
+        pairs = zip(results.get(("x", scenario, cache), []), results.get(("hf", scenario, cache), []), strict=True)
+        agree = [bool(a and b and a["tokens"] == b["tokens"]) for a, b in pairs]
+        maps = {str(run["map"]) for run in results.get(("x", scenario, cache), []) if run}
+        print(f"| {scenario} | {cache} | same greedy tokens | {all(agree) and bool(agree)} | device map {maps} | |")
 
 
 if __name__ == "__main__":

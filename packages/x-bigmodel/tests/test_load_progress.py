@@ -57,6 +57,11 @@ def run_load(path, count, width, *, terminal=True, threshold="1", mmap=True, sho
         if env is None or name not in env:
             child_env.pop(name, None)
     args = [sys.executable, "-c", LOAD, threshold, str(count), str(width), str(int(mmap)), str(int(show)), str(path)]
+    return run_child(args, child_env, terminal=terminal)
+
+
+def run_child(args: list[str], child_env: dict[str, str], *, terminal: bool = True) -> tuple[str, str]:
+    """Run ``args``; returns (its stderr as text, its stdout), stderr a pseudo-terminal when ``terminal``."""
     if not terminal:
         done = subprocess.run(args, capture_output=True, text=True, env=child_env, timeout=120)
         assert done.returncode == 0, done.stderr
@@ -134,3 +139,34 @@ def test_the_threshold_is_where_waiting_is_felt() -> None:
     assert PROGRESS_MIN_BYTES == 2**30
     with byte_progress(PROGRESS_MIN_BYTES - 1) as advance:
         assert not advance.shown
+
+
+LAZY = textwrap.dedent(
+    """
+    import sys, torch
+    from torch import nn
+    import x_bigmodel.load_progress as progress
+    from x_bigmodel.checkpoint_loading import load_planned, resolve_checkpoint_files
+
+    progress.PROGRESS_MIN_BYTES = 1
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(512, 512, bias=False), nn.Linear(512, 512, bias=False))
+    load_planned(model, resolve_checkpoint_files(sys.argv[1]), None, populate=False, dtype=torch.float16)
+    print("loaded")
+    """
+)
+
+
+@pytest.mark.parametrize("convert", [False, True])
+def test_pages_left_to_first_use_are_not_counted(tmp_path, convert) -> None:
+    """from_pretrained's load (``populate=False``) reads nothing for mapped tensors: no bar for them."""
+    path = tmp_path / "model.safetensors"
+    save_file({"0.weight": torch.zeros(512, 512), "1.weight": torch.zeros(512, 512)}, str(path))
+    script = LAZY if convert else LAZY.replace("dtype=torch.float16", "dtype=None")
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", "RANK", "LOCAL_RANK", "SLURM_PROCID")}
+    err, out = run_child([sys.executable, "-c", script, str(path)], {**env, "TQDM_MININTERVAL": "0"})
+    assert out.strip() == "loaded"
+    if convert:  # float16 copies are read from the file: the bar counts those bytes
+        assert shown_counts(err, 2 * 512 * 512 * 4)[-1] == tqdm.format_sizeof(2 * 512 * 512 * 4), err
+    else:
+        assert err == ""

@@ -29,7 +29,7 @@ from torch import nn
 from x_bigmodel.checkpoint_files import _SAFETENSORS_SUFFIX, _open, _Reader, resolve_checkpoint_files
 from x_bigmodel.device_keys import storage_device
 from x_bigmodel.device_plan import DeviceMap, DevicePlan
-from x_bigmodel.load_plan import LoadPlan, alias_groups, check_keys, plan_load, planned_dtype
+from x_bigmodel.load_plan import LoadPlan, PlannedTensor, alias_groups, check_keys, plan_load, planned_dtype
 from x_bigmodel.load_progress import ByteProgress, byte_progress
 from x_bigmodel.offload_weights import write_offload_files, write_offload_index
 from x_bigmodel.tensor_placement import _assign_all, _wrap_like, set_module_tensor_to_device, torch_dtype
@@ -160,11 +160,14 @@ def load_planned(
     show_progress: bool = True,
     mmap: bool = True,
     names: Mapping[str, str] | None = None,
+    populate: bool = True,
 ) -> OffloadIndex:
     """``load_checkpoint_in_model`` once its arguments are resolved: ``files`` from
     ``resolve_checkpoint_files``, ``plan`` (``None``: tensors stay where they are) with the offload
     folder, ``dtype`` a ``torch.dtype``. The plan is read as is, not resolved again. ``names``
-    maps checkpoint keys to model names where they differ (see ``plan_load``).
+    maps checkpoint keys to model names where they differ (see ``plan_load``). ``populate=False``
+    leaves the pages of mapped tensors to be faulted in by their first use (transformers' own
+    loader does the same), instead of during the call.
     """
     if plan is not None:
         plan.check_present()
@@ -193,23 +196,31 @@ def load_planned(
     by_file = load_plan.by_file()
     # Decided for every file first: the progress bar needs the bytes to read before the first read.
     to_load: dict[Path, list[tuple[str, torch.device]]] = {}
+    dtypes: dict[str, torch.dtype] = {}
     for path, names_in_file in by_file.items():
         to_load[path] = []
         for name in names_in_file:
             device = _target(name, plan, expected[name])
             planned = load_plan.tensors[name]
-            tensor_dtype = planned_dtype(name, expected[name], planned, dtype, fp32_modules)
+            tensor_dtype = dtypes[name] = planned_dtype(name, expected[name], planned, dtype, fp32_modules)
             if device == "disk" and (offload_buffers or name not in buffer_names):
                 offload_index[name] = {"dtype": str(tensor_dtype).removeprefix("torch."), "shape": list(planned.shape)}
                 if path.name.endswith(_SAFETENSORS_SUFFIX):
                     offload_index[name].update(safetensors_file=str(path.resolve()), key=planned.key)
                 continue
             to_load[path].append((name, torch.device("cpu") if device == "disk" else device))
-    total = sum(load_plan.tensors[name].nbytes for loading in to_load.values() for name, _ in loading)
+    total = sum(
+        load_plan.tensors[name].nbytes
+        for loading in to_load.values()
+        for name, device in loading
+        if populate or not (mmap and _in_place(load_plan.tensors[name], device, dtypes[name]))
+    )
     with byte_progress(total, show_progress) as advance:
         for path, loading in to_load.items():
             with _open(path) as reader:
-                _load_file(model, reader, loading, load_plan, aliases, expected, dtype, fp32_modules, mmap, advance)
+                _load_file(
+                    model, reader, loading, load_plan, aliases, expected, dtype, fp32_modules, mmap, populate, advance
+                )
                 unsaved = [
                     n for n in by_file[path] if n in offload_index and "safetensors_file" not in offload_index[n]
                 ]
@@ -236,6 +247,15 @@ def _target(name: str, plan: DevicePlan | None, current: torch.Tensor) -> torch.
     return "disk" if key == "disk" else storage_device(key)
 
 
+def _in_place(planned: PlannedTensor, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the tensor is used as the file's mapped pages (``_Reader.can_map``, from the header)."""
+    return (
+        planned.file.name.endswith(_SAFETENSORS_SUFFIX)
+        and device.type == "cpu"
+        and planned.file_dtype == str(dtype).removeprefix("torch.")
+    )
+
+
 def _load_file(
     model: nn.Module,
     reader: _Reader,
@@ -246,6 +266,7 @@ def _load_file(
     dtype: torch.dtype | None,
     fp32_modules: list[tuple[str, ...]],
     mmap: bool,
+    populate: bool,
     advance: ByteProgress,
 ) -> None:
     """Read ``loading`` (names and devices) from the open ``reader`` into ``model``, in file order."""
@@ -255,13 +276,9 @@ def _load_file(
     dtypes = [
         planned_dtype(n, expected[n], p, dtype, fp32_modules) for (n, _), p in zip(ordered, planned_list, strict=True)
     ]
-    mapped = {
-        p.key
-        for (_, d), p, t in zip(ordered, planned_list, dtypes, strict=True)
-        if mmap and reader.can_map(p.key, d, t)
-    }
-    # Mapped tensors are read here, as their pages are faulted in; the others as each is loaded.
-    reader.map_in(sorted(mapped), advance)
+    mapped = {p.key for (_, d), p, t in zip(ordered, planned_list, dtypes, strict=True) if mmap and _in_place(p, d, t)}
+    if populate:  # mapped tensors are read here, as their pages are faulted in; the others as each is loaded
+        reader.map_in(sorted(mapped), advance)
     for (name, device), planned, tensor_dtype in zip(ordered, planned_list, dtypes, strict=True):
         new = reader.load(planned.key, device, tensor_dtype, mapped=mmap)
         if planned.key not in mapped:

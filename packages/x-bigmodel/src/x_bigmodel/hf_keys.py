@@ -3,7 +3,7 @@
 transformers 5 renames checkpoint keys at load time (base-model prefix added or stripped, legacy
 names such as ``LayerNorm.gamma``, ``block_sparse_moe`` -> ``mlp``) and converts some tensors
 (per-expert MoE weights stacked into one fused tensor). Both come from
-``get_model_conversion_mapping`` and ``rename_source_key``, applied here the way
+``get_model_conversion_mapping`` (through ``hf_tables``) and ``rename_source_key``, applied here the way
 ``convert_and_load_state_dict_in_model`` applies them, so that a checkpoint loads under the names
 transformers would give it. Renamed keys are read by x-bigmodel's loader in place; converted
 ones are materialised by transformers' ``WeightConverter`` (see ``hf_convert``).
@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
+
+from x_bigmodel.hf_tables import model_conversions
 
 __all__ = ["KeyMapping", "LoadReport", "map_checkpoint_keys", "report_keys"]
 
@@ -47,10 +49,9 @@ class LoadReport:
 
 def map_checkpoint_keys(model: nn.Module, keys: Iterable[str]) -> KeyMapping:
     """Map ``keys`` (every key of the checkpoint) onto ``model``'s state-dict names, as transformers does."""
-    from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key, rename_source_key
 
-    transforms = get_model_conversion_mapping(model)
+    transforms = model_conversions(model)
     renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
     converters = [t for t in transforms if isinstance(t, WeightConverter)]
     by_pattern = {pattern: conv for conv in converters for pattern in conv.source_patterns}

@@ -149,6 +149,9 @@ def from_pretrained(
             allow_missing_keys=True,
             show_progress=show_progress,
             names=mapping.names,
+            # As transformers: CPU weights are the files' pages, faulted in by their first use. Faulting
+            # all in here costs more than transformers' whole load and maps embedding rows never read.
+            populate=False,
         )
     index.update(load_converted(net, mapping, key_files, plan, None))
     if report.missing:
