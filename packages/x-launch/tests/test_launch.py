@@ -91,7 +91,7 @@ def test_dry_run_prints_sources_command_and_environment_and_starts_nothing(run, 
     command = re.search(r"^command: .*$", text, re.M).group(0)
     assert re.fullmatch(
         r"command: \S+ -m torch\.distributed\.run --nnodes 1 --nproc-per-node 2 --standalone "
-        r"--max-restarts 0 --rdzv-conf join_timeout=600 --log-dir \S+/x-launch-\d+-[0-9a-f]{8} --tee 2 "
+        r"--max-restarts 0 --rdzv-conf join_timeout=600 --log-dir \S+/x-launch-\d+-[0-9a-f]{8} --redirects 2 "
         + re.escape(f"{path} --epochs 3"),
         command,
     ), command
@@ -132,7 +132,7 @@ def test_config_file_and_multi_machine_plan(run, tmp_path: Path) -> None:
         r"--rdzv-id x-6000 (--local-addr \S+ )?--max-restarts 0 --rdzv-conf join_timeout=600 --log-dir ",
         out.stdout,
     ), out.stdout
-    assert " --tee 2 -m mypkg.train" in out.stdout
+    assert " --redirects 2 -m mypkg.train" in out.stdout
     assert "  X_DISTRIBUTED_TYPE=MULTI_GPU" in out.stdout
     assert "  X_FSDP_TRANSFORMER_CLS_TO_WRAP=LlamaDecoderLayer" in out.stdout
 

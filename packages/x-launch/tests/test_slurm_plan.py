@@ -129,7 +129,7 @@ def test_one_task_per_node_runs_torchrun_with_slurms_layout() -> None:
         "timeout=600",
         "--log-dir",
         plan.scratch_logs,
-        "--tee",
+        "--redirects",
         "2",
         "train.py",
         "--epochs",

@@ -147,18 +147,7 @@ def build_plan(
     if standalone:
         argv += ["--standalone"]
     elif backend == "c10d":
-        # One id per job: SLURM's job id names the rendezvous (a requeued job meets afresh under
-        # the same id, after the old round's machines are gone); elsewhere the port does.
-        run_id = f"x-slurm-{job.job_id}" if job is not None and job.job_id else f"x-{port}"
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", run_id]
-        # The address the others reach this machine by, for the stores torch hosts on it.
-        local = None if env.TORCHRUN_LOCAL_ADDR.is_set(environ) else preflight.route_address(host, port)
-        argv += ["--local-addr", local] if local else []
-        if settings.elastic:
-            # Each round's workers get a store of their own: the agent store torch shares across
-            # rounds keeps the keys of the round before, and restart counts differ between machines
-            # that failed and machines that only saw the world change.
-            env_vars[env.TORCH_NO_SHARED_RDZV_STORE.name] = env.TORCH_NO_SHARED_RDZV_STORE.format(True)
+        argv += _c10d_arguments(settings, host, port, job, environ, env_vars)
     else:
         if rank == 0:
             preflight.check_port(host, port)
@@ -166,13 +155,8 @@ def build_plan(
     argv += ["--max-restarts", str(settings.max_restarts)]
     static = backend != "c10d" and not standalone
     rdzv_conf = _with_timeout(settings, "timeout" if static else "join_timeout")
-    if (
-        backend == "c10d"
-        and not standalone
-        and "is_host=" not in rdzv_conf
-        and preflight.hosts_rendezvous_store(host, port)
-    ):
-        rdzv_conf += ",is_host=1"  # torch would not know from the host name (see hosts_rendezvous_store)
+    if backend == "c10d" and not standalone and "is_host=" not in rdzv_conf:
+        rdzv_conf += ",is_host=1" if preflight.hosts_rendezvous_store(host, port) else ""
     for flag, value in (("--rdzv-conf", rdzv_conf), ("--role", settings.role)):
         if value is not None:
             argv += [flag, value]
@@ -183,11 +167,12 @@ def build_plan(
         # torchrun writes rank files only for the streams it redirects (3: stdout and stderr).
         argv += ["--log-dir", log_dir, *(["--tee", "3" if tee is True else str(tee)] if tee else ["--redirects", "3"])]
     else:
-        # Each rank's stderr also goes to a file (shown on the terminal as ever, with a [defaultN]:
-        # prefix naming the rank), so a failure report can quote the failing rank's last lines.
-        # stdout is left alone. torchrun creates the folder; x-launch removes it afterwards.
+        # Each rank's stderr goes to a file, so a failure report can quote the failing rank's last
+        # lines; x-launch copies the files to the terminal as they grow, with torchrun's [defaultN]:
+        # prefix (x_launch.rank_output says why not torchrun's --tee). stdout is left alone.
+        # torchrun creates the folder; x-launch removes it afterwards.
         scratch = os.path.join(tempfile.gettempdir(), f"x-launch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        argv += ["--log-dir", scratch, "--tee", "2"]
+        argv += ["--log-dir", scratch, "--redirects", "2"]
 
     argv += [*(["--no-python"] if no_python else ["-m"] if module else []), *target]
     return LaunchPlan(argv, env_vars, "torchrun", settings, notes, scratch_logs=scratch)
@@ -248,6 +233,34 @@ def _physical_cores() -> int:
     except OSError:
         pass
     return os.cpu_count() or 1
+
+
+def _c10d_arguments(
+    settings: LaunchConfig,
+    host: str,
+    port: int,
+    job: slurm_plan.SlurmJob | None,
+    environ: Mapping[str, str],
+    env_vars: dict[str, str],
+) -> list[str]:
+    """torchrun's flags for a c10d rendezvous across machines; an elastic job's store setting goes to ``env_vars``.
+
+    torch decides who hosts the store by host name (so x-launch's ``is_host``, in the caller) and
+    advertises what ``getfqdn()`` resolves to (so ``--local-addr``): machines reached by another
+    interface's address would never meet.
+    """
+    # One id per job: SLURM's job id names the rendezvous (a requeued job meets afresh under the
+    # same id, after the old round's machines are gone); elsewhere the port does.
+    run_id = f"x-slurm-{job.job_id}" if job is not None and job.job_id else f"x-{port}"
+    argv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{host}:{port}", "--rdzv-id", run_id]
+    local = None if env.TORCHRUN_LOCAL_ADDR.is_set(environ) else preflight.route_address(host, port)
+    argv += ["--local-addr", local] if local else []
+    if settings.elastic:
+        # Each round's workers get a store of their own: the agent store torch shares across rounds
+        # keeps the keys of the round before, and restart counts differ between machines that failed
+        # and machines that only saw the world change.
+        env_vars[env.TORCH_NO_SHARED_RDZV_STORE.name] = env.TORCH_NO_SHARED_RDZV_STORE.format(True)
+    return argv
 
 
 def _with_timeout(settings: LaunchConfig, key: str) -> str:

@@ -25,6 +25,7 @@ from types import FrameType
 
 from x_launch.launch_plan import LaunchPlan
 from x_launch.preemption import PreemptionRelay, parse_signals, requeue_job
+from x_launch.rank_output import RankOutput
 
 __all__ = ["RankFailure", "agent_failure", "describe_failure", "parse_root_cause", "run_plan"]
 
@@ -198,6 +199,15 @@ def _pump(
             log.close()
 
 
+def _to_stderr(data: bytes) -> None:
+    if hasattr(sys.stderr, "buffer"):
+        sys.stderr.buffer.write(data)
+        sys.stderr.buffer.flush()
+    else:  # replaced by a text stream (a notebook, a test's capture)
+        sys.stderr.write(data.decode(errors="replace"))
+        sys.stderr.flush()
+
+
 def agent_failure(agent_output: str) -> str | None:
     """The last exception torchrun's agent printed ("RendezvousTimeoutError: ..."), if any."""
     found = None
@@ -288,10 +298,15 @@ def run_plan(plan: LaunchPlan) -> int:
             daemon=True,
         )
         pump.start()
+    followed = None
+    if watch and plan.scratch_logs is not None:
+        followed = RankOutput(Path(plan.scratch_logs), _to_stderr, plan.settings.role or "default").start()
     stopped_for_it = False
     try:
         code = child.wait()
         stopped_for_it = relay.acknowledged()
+        if followed is not None:
+            followed.stop()
         if pump is not None:
             pump.join(timeout=5)
         if code != 0 and watch and not stopped_by:
@@ -300,6 +315,8 @@ def run_plan(plan: LaunchPlan) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if followed is not None:
+            followed.stop()  # before the files go
         if plan.scratch_logs is not None:
             shutil.rmtree(plan.scratch_logs, ignore_errors=True)
         relay.close()
