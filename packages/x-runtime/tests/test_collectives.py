@@ -212,6 +212,29 @@ def test_later_gathers_fold_header_and_data_into_one_collective_and_grow_when_ou
 
 
 @worlds
+def test_folded_gathers_of_views_and_tensors_with_history_carry_values_not_history(reports, world) -> None:
+    rs = range(world)
+    for rep in reports(world):
+        views = ok(rep, "gather_fold_views")
+        expected = {
+            "t": torch.cat([(torch.arange(6.0).reshape(2, 3) + r).t() for r in rs]),
+            "c": torch.tensor([complex(1, -r) for r in rs]),
+            "g": torch.cat([torch.full((2,), r + 1.0) for r in rs]),
+        }
+        assert views == {
+            "result": worker.encode({"got": expected, "requires_grad": [False, False, False]}),
+            "calls": {"all_gather": 1},
+        }
+        history = ok(rep, "gather_fold_history")
+        assert history == {
+            "result": worker.encode(
+                {"got": torch.cat([torch.full((3,), r + 1.0) for r in rs]), "requires_grad": False}
+            ),
+            "calls": {"all_gather": 1},
+        }
+
+
+@worlds
 def test_gather_large_tensors_one_by_one_with_padding_trimmed(reports, world) -> None:
     rows = [300 + 7 * r for r in range(world)]
     for rep in reports(world):

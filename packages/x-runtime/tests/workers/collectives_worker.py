@@ -101,6 +101,25 @@ def main() -> None:
     scenario("gather_fold_grows", counting(lambda: c.gather(torch.full((500 + r, 3), float(r)))))
     scenario("gather_fold_grown", counting(lambda: c.gather(torch.full((400, 3), float(r)))))
     scenario("gather_fold_header_overflows", counting(lambda: c.gather([torch.full((1,), i + r) for i in range(40)])))
+
+    # Folded gathers of views whose memory is not their values (a transpose, a lazy conjugate) and of
+    # tensors with autograd history: the values arrive, the history does not.
+    def views() -> dict[str, Any]:
+        leaf = torch.ones(2, requires_grad=True)
+        data = {
+            "t": (torch.arange(6.0).reshape(2, 3) + r).t(),
+            "c": torch.tensor([complex(1, r)]).conj(),
+            "g": leaf * (r + 1),
+        }
+        got = c.gather(data)
+        return {"got": got, "requires_grad": [value.requires_grad for value in got.values()]}
+
+    def history() -> dict[str, Any]:
+        got = c.gather(torch.ones(3, requires_grad=True) * (r + 1))
+        return {"got": got, "requires_grad": got.requires_grad}
+
+    scenario("gather_fold_views", counting(views))
+    scenario("gather_fold_history", counting(history))
     scenario("gather_empty_rows", lambda: encode(c.gather(torch.ones(0 if r == 0 else 2, 3))))
     scenario("gather_scalar", lambda: encode(c.gather(torch.tensor(float(r)))))
     typed = {

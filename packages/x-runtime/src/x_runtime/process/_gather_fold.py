@@ -13,6 +13,8 @@ two-collective path. The structure, dtype and shape checks run on every call eit
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -68,9 +70,10 @@ def gather_tensors(data: Any, world: int) -> list[torch.Tensor]:
     fold = _FOLDS.get(group)
     if fold is None:
         fold = _FOLDS[group] = _Fold(backend=dist.get_backend(group))
-    tensors = [tensor.detach() for tensor in walk.tensors]  # collectives write untracked tensors
+    tensors = [_plain(tensor) for tensor in walk.tensors]
     if fold.payload is not None:
-        done = _gather_folded(walk, words, tensors, fold, world)
+        folded = _gather_folded_host if _in_host_memory(fold, tensors) else _gather_folded
+        done = folded(walk, words, tensors, fold, world)
         if isinstance(done, list):
             return done
         table, results = done
@@ -113,6 +116,21 @@ def _gather_folded(
         # Every process sent this one's header: same structure, dtypes and shapes, all data here.
         fold.payload = _reserve(used, fold.payload)
         return _same_shapes(blocks, header, tensors, mine, world)
+    return _settle(walk, words, tensors, fold, world, rows, blocks)
+
+
+def _settle(
+    walk: Any,
+    words: list[int],
+    tensors: list[torch.Tensor],
+    fold: _Fold,
+    world: int,
+    rows: list[list[int]],
+    blocks: torch.Tensor,
+) -> tuple[_Table, list[torch.Tensor]]:
+    """The headers differ (or overflowed): the agreed table, and the data from the buffer or a second collective."""
+    assert fold.payload is not None
+    header = fold.words * 8
     needed = max(row[0] for row in rows)
     if needed > fold.words:  # some header did not fit: every process sees it and exchanges again
         rows = _all_gather_words(words, world, needed)
@@ -122,6 +140,73 @@ def _gather_folded(
     if needed > fold.words or max(_payloads(table)) > fold.payload:
         return table, _gather_checked(table, world)
     return table, _uneven_rows(blocks, header, table, world)
+
+
+def _gather_folded_host(
+    walk: Any, words: list[int], tensors: list[torch.Tensor], fold: _Fold, world: int
+) -> list[torch.Tensor] | tuple[_Table, list[torch.Tensor]]:
+    """``_gather_folded`` for contiguous CPU tensors on a CPU backend, bytes moved by ``memmove``.
+
+    The same buffer and the same outcome; what differs is the cost. A (64, 10) metrics gather's
+    collective takes about 250 us on gloo, and each torch op around it (header tensor, views,
+    cat, the header's ``tolist``, a strided copy per tensor) a few us, together a fifth of the
+    collective. Here the header goes in as packed bytes, the data by one ``memmove`` per tensor,
+    and headers are compared as bytes.
+    """
+    assert fold.payload is not None
+    header = fold.words * 8
+    block = header + fold.payload
+    mine = [tensor.element_size() * tensor.numel() for tensor in tensors]
+    used = sum(mine)
+    sent = words[: fold.words]
+    packed = struct.pack(f"{fold.words}q", *sent, *[0] * (fold.words - len(sent)))
+    local = torch.empty(block, dtype=torch.uint8)
+    base = local.data_ptr()
+    ctypes.memmove(base, packed, header)
+    fits = used <= fold.payload
+    at = base + header
+    for tensor, size in zip(tensors, mine, strict=True):
+        if fits and size:
+            ctypes.memmove(at, tensor.data_ptr(), size)
+        at += size
+    gathered = torch.empty(world * block, dtype=torch.uint8)
+    _gather_into(gathered, local)
+    start = gathered.data_ptr()
+    mine_whole = fits and words[0] <= fold.words and not words[1]
+    if mine_whole and all(ctypes.string_at(start + r * block, header) == packed for r in range(world)):
+        fold.payload = _reserve(used, fold.payload)
+        return _same_shapes_host(start, block, header, tensors, mine, world)
+    rows = [
+        list(struct.unpack_from(f"{fold.words}q", ctypes.string_at(start + r * block, header))) for r in range(world)
+    ]
+    return _settle(walk, words, tensors, fold, world, rows, gathered.view(world, block))
+
+
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    # Collectives write untracked tensors, and move bytes: a lazy conjugate's or negation's bytes are
+    # not its values (and refuse a byte view), so those are resolved first.
+    tensor = tensor.detach()
+    return tensor.resolve_conj().resolve_neg() if tensor.is_conj() or tensor.is_neg() else tensor
+
+
+def _in_host_memory(fold: _Fold, tensors: list[torch.Tensor]) -> bool:
+    return fold.backend in ("gloo", "mpi") and all(t.device.type == "cpu" and t.is_contiguous() for t in tensors)
+
+
+def _same_shapes_host(
+    start: int, block: int, header: int, tensors: list[torch.Tensor], sizes: list[int], world: int
+) -> list[torch.Tensor]:
+    results = []
+    at = header
+    for tensor, size in zip(tensors, sizes, strict=True):
+        joined = torch.empty((world * _rows(tuple(tensor.shape)), *tensor.shape[1:]), dtype=tensor.dtype)
+        out = joined.data_ptr()
+        if size:
+            for r in range(world):
+                ctypes.memmove(out + r * size, start + r * block + at, size)
+        results.append(joined)
+        at += size
+    return results
 
 
 def _same_shapes(

@@ -187,6 +187,7 @@ def _meta_device() -> torch.device:
     return torch.device("cpu")
 
 
+@functools.lru_cache(maxsize=512)  # a metrics loop describes the same few structures and dtypes each call
 def _code(text: str) -> int:
     return zlib.crc32(text.encode()) & 0x7FFFFFFF
 
