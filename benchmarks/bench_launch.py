@@ -18,7 +18,9 @@ What a user waits for when typing a launcher command, so every command runs as a
   `--multi_gpu --cpu` is refused), so Accelerate's row uses --multi_gpu, which runs torchrun's
   agent in-process and starts 2 processes on a CPU-only machine too (barrier.py picks gloo). Every
   rank notes itself in a file, and the process counts are checked and reported (the full run also
-  shows what `accelerate launch --cpu` starts). Each launch gets a fresh free port.
+  shows what `accelerate launch --cpu` starts). Each launch gets a fresh free port. A fourth row
+  runs x-launch's command without its `--log-dir DIR --tee 2` (each rank's stderr copied into a
+  file, which x-launch quotes when a rank fails), so the cost of that copy shows on its own.
 
 How: HOME, XDG_CONFIG_HOME, XDG_CACHE_HOME and HF_HOME point to an empty temporary folder and x's,
 Accelerate's and torchrun's own variables are removed, so no user config changes the runs;
@@ -48,7 +50,7 @@ from pathlib import Path
 BARRIER = Path(__file__).parent / "launch_workers" / "barrier.py"
 
 TARGET_CLI = 0.1  # x-launch commands that need no torch: at most this many times `import torch`
-TARGET_LAUNCH = 1.05  # x-launch 2-process launch: at most this many times the torchrun it runs
+TARGET_LAUNCH = 1.02  # x-launch 2-process launch: at most this many times the torchrun it runs
 
 # Accelerate, measured when the targets were set: `accelerate --help` 2.8 s wall, 1.6x `import torch`;
 # `accelerate launch` 1.19x torchrun.
@@ -57,8 +59,10 @@ IMPORT_TORCH = "import torch"
 HELP, SHOW, DRY = "x-launch --help", "x-launch config show", "x-launch --num_processes 2 --cpu --dry-run barrier.py"
 ACC_HELP = "accelerate --help"
 TORCHRUN, X_LAUNCH, ACC_LAUNCH = "torchrun (x-launch's command)", "x-launch", "accelerate launch --multi_gpu"
+# x-launch's command without the per-rank stderr files it reads for its failure summary: what they cost.
+TORCHRUN_NO_TEE = "torchrun without --log-dir/--tee"
 CLI_ROWS = (HELP, SHOW, DRY, ACC_HELP)
-LAUNCH_ROWS = (X_LAUNCH, ACC_LAUNCH)
+LAUNCH_ROWS = (TORCHRUN_NO_TEE, X_LAUNCH, ACC_LAUNCH)
 X_ROWS = {HELP: TARGET_CLI, SHOW: TARGET_CLI, DRY: TARGET_CLI, X_LAUNCH: TARGET_LAUNCH}
 
 # Run inside a fresh interpreter: x-launch's own entry point, with its output captured, then
@@ -175,6 +179,25 @@ def torchrun_of(dry_run_output: str) -> list[str]:
     return argv
 
 
+def without_tee(argv: list[str]) -> list[str]:
+    """``argv`` less torchrun's ``--log-dir DIR`` and ``--tee STREAMS``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--log-dir", "--tee"):
+            skip = True
+        else:
+            out.append(arg)
+    return out
+
+
+def load_average(when: str) -> str:
+    # Other work on the machine moves every figure: the table is read with this beside it.
+    return f"load average {when}: " + " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
 def fmt_ratio(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
@@ -220,6 +243,7 @@ def main() -> None:
     for dist in ("torch", "accelerate", "x-launch"):
         print(f"{dist} {version(dist)}")
     print(f"CPUs: {os.cpu_count()} ({len(os.sched_getaffinity(0))} usable)")
+    print(load_average("before"))
     x_launch = script("x-launch")
     if x_launch is None:
         sys.exit(f"x-launch is not installed next to {sys.executable}")
@@ -262,6 +286,7 @@ def main() -> None:
         cli.update({name: [x_launch, *argv] for name, argv in x_args.items()})
         launch_commands = {
             TORCHRUN: torchrun,
+            TORCHRUN_NO_TEE: without_tee(torchrun),
             X_LAUNCH: [x_launch, "--num_processes", "2", "--cpu", "barrier.py"],  # a free port, as by default
         }
         if accelerate is not None:
@@ -301,10 +326,11 @@ def main() -> None:
         print("\nprocesses started per launch (every rank notes itself; '-' = started without RANK):")
         for name in launch_commands:
             print(f"  {name}: {launches.counts(name)}")
-        for name in (TORCHRUN, X_LAUNCH, ACC_LAUNCH):
+        for name in (TORCHRUN, TORCHRUN_NO_TEE, X_LAUNCH, ACC_LAUNCH):
             if name in launch_commands and any(ranks != ["0", "1"] for ranks in launches.started[name]):
                 sys.exit(f"{name} did not start ranks 0 and 1 in every run: {launches.counts(name)}")
 
+    print(load_average("after"))
     print_table(f"CLI start-up, fresh processes; median of {repeat} run(s)", CLI_ROWS, IMPORT_TORCH, times)
     print_table(
         f"2-process CPU launch of barrier.py (gloo init, barrier, destroy), start to exit; median of {repeat} run(s)",
