@@ -7,8 +7,9 @@ heads, intermediate 5632, vocab 32000, untied head: 2.99 GB fp32, random weights
 `save_pretrained(max_shard_size="500MB")` as 7 safetensors shards. It is built once (seeded,
 parameter by parameter from the meta device: ~1.1x the model in RAM, ~25 s) into
 $TMPDIR/x-bench-bigmodel/llama-3g and reused while its spec matches (bigmodel_workers/make_checkpoint.py).
---quick uses a 283 MB one (hidden 640, 6 layers, 64 MB shards, cpu budget 192 MiB: with less,
-Accelerate puts everything on disk and then fails) in the same cache folder, and 1 repeat.
+--quick, a smoke: a 28 MiB one (hidden 256, 4 layers, vocab 8192; cpu budget 24 MiB: with less,
+Accelerate puts everything on disk and then fails), 1 repeat, and the build and workers forked from
+one interpreter that imported torch and transformers (bigmodel_workers/forks.py).
 
 Every (library, scenario, cache state) runs in a fresh process (bigmodel_workers/worker.py) with
 torch and OMP threads = the usable cores; the variants run round-robin, their order rotated every
@@ -25,20 +26,19 @@ then `posix_fadvise(DONTNEED)` on every shard: no root needed). Scenarios and wh
    after imports and the empty model) over load + first forward, as a ratio to the parameter bytes
    the device map puts on the CPU. Mapped file pages count: they are resident, though reclaimable.
 3. disk offload (max_memory {"cpu": "1GiB", "disk": "100GiB"}, LlamaDecoderLayer unsplit, an empty
-   offload folder, deleted after each run, like the worker's TMPDIR; device_map="sequential", because Accelerate's "auto" fails
-   with a "disk" key; without GPUs both infer the same map): load time as a ratio to the same
-   library's all-CPU load; bytes written during the load (/proc/self/io write_bytes) and left in the
-   offload folder; peak RSS increase over the forwards as a ratio to 1 GiB + the largest block;
-   the first forward and the median of the other two, as ratios to the library's all-CPU forward.
-   "One block" is the largest unit the forward brings in from disk: here the untied lm_head, 250 MiB
-   (a decoder layer is 196 MiB).
+   offload folder, deleted after each run, like the worker's TMPDIR; device_map="sequential", because
+   Accelerate's "auto" fails with a "disk" key; without GPUs both infer the same map): load time as a
+   ratio to the same library's all-CPU load; bytes written during the load (/proc/self/io write_bytes)
+   and left in the offload folder; peak RSS increase over the forwards as a ratio to 1 GiB + the
+   largest block; the first forward and the median of the other two, as ratios to the library's
+   all-CPU forward. "One block" is the largest unit the forward brings in from disk: here the untied
+   lm_head, 250 MiB (a decoder layer is 196 MiB).
 
-Every variant's logits must agree with plain PyTorch's: a fast wrong answer is no answer. Each row
-says whether x meets its target; timings are reported, never asserted. On 2 cores and 24 GiB a
-full run takes ~6 minutes (~3 per repeat, plus ~25 s to build the checkpoint the first time);
---quick takes ~1.7. The machine should be otherwise idle: workers use every core, so another busy
-process stalls their parallel regions and forwards can swing several-fold; the script says how much
-CPU other processes used during the run.
+Every variant's logits must agree with plain PyTorch's: a fast wrong answer is no answer. Each row says
+whether x meets its target; timings are reported, never asserted. On 2 cores and 24 GiB a full run takes
+~6 minutes (~3 per repeat, +25 s for a first build), --quick 20-38 s with its build (load 1-3). The
+machine should be otherwise idle: workers use every core, so another busy process stalls their parallel
+regions and forwards can swing several-fold; the script says how much CPU other processes used.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bigmodel_workers.forks import Forks
 
 WORKERS = Path(__file__).parent / "bigmodel_workers"
 MIB = 1 << 20
@@ -76,12 +78,13 @@ PRESETS = {
         "cpu_budget_bytes": 1 << 30,
         "forwards": 3,
     },
-    "quick": {
-        "name": "llama-300m",
-        "config": {"hidden_size": 640, "num_hidden_layers": 6, "num_attention_heads": 10, "intermediate_size": 1728},
-        "shard_size": "64MB",
-        "cpu_budget": "192MiB",
-        "cpu_budget_bytes": 192 << 20,
+    "quick": {  # 28 MiB: lm_head 8 MiB, a decoder layer 3; the budget keeps the embedding and 2 layers in RAM
+        "name": "llama-30m",
+        "config": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 688}
+        | {"vocab_size": 8192},
+        "shard_size": "8MB",
+        "cpu_budget": "24MiB",
+        "cpu_budget_bytes": 24 << 20,
         "forwards": 2,
     },
 }
@@ -153,18 +156,20 @@ def x_missing() -> str | None:
     return proc.stderr.strip().splitlines()[-1] if proc.returncode else None
 
 
-def build_checkpoint(folder: Path, preset: dict) -> dict:
+def build_checkpoint(folder: Path, preset: dict, run=subprocess.run) -> dict:
     spec = {"folder": str(folder), "config": {**COMMON_CONFIG, **preset["config"]}}
     spec |= {"shard_size": preset["shard_size"], "seed": 0}
-    proc = subprocess.run(
-        [sys.executable, str(WORKERS / "make_checkpoint.py"), json.dumps(spec)], capture_output=True, text=True
-    )
+    proc = run([sys.executable, str(WORKERS / "make_checkpoint.py"), json.dumps(spec)], capture_output=True, text=True)
     if proc.returncode:
         sys.exit(f"building the checkpoint failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_worker(key: Key, folder: Path, preset: dict, threads: int) -> tuple[dict | None, str]:
+def worker_env(threads: int) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
+
+
+def run_worker(key: Key, folder: Path, preset: dict, threads: int, run=subprocess.run) -> tuple[dict | None, str]:
     """One fresh worker; (its result, "") or (None, why it failed).
 
     Its offload folder and its temporary files (TMPDIR: Accelerate stages the CPU part of a disk-offload
@@ -179,16 +184,10 @@ def run_worker(key: Key, folder: Path, preset: dict, threads: int) -> tuple[dict
     args = {"library": lib, "scenario": scenario, "cache": cache, "checkpoint": str(folder), "seq": SEQ}
     args |= {"forwards": preset["forwards"], "cpu_budget": preset["cpu_budget"], "threads": threads}
     args["offload_folder"] = str(offload) if offload else None
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "HF_HUB_OFFLINE": "1"}
-    env["TMPDIR"] = str(scratch / "tmp")
+    env = {**worker_env(threads), "TMPDIR": str(scratch / "tmp")}
     try:
-        proc = subprocess.run(
-            [sys.executable, str(WORKERS / "worker.py"), json.dumps(args)],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=900,
-        )
+        argv = [sys.executable, str(WORKERS / "worker.py"), json.dumps(args)]
+        proc = run(argv, capture_output=True, text=True, env=env, timeout=900)
     except subprocess.TimeoutExpired:
         return None, "timed out after 900 s"
     finally:
@@ -199,7 +198,7 @@ def run_worker(key: Key, folder: Path, preset: dict, threads: int) -> tuple[dict
     return json.loads(proc.stdout.strip().splitlines()[-1]), ""
 
 
-def measure(variants: list[Key], folder: Path, preset: dict, repeat: int, threads: int) -> tuple[Results, dict]:
+def measure(variants: list[Key], folder: Path, preset: dict, repeat: int, threads: int, run) -> tuple[Results, dict]:
     results: Results = {key: [] for key in variants}
     errors: dict[Key, str] = {}
     for rep in range(repeat):
@@ -207,7 +206,7 @@ def measure(variants: list[Key], folder: Path, preset: dict, repeat: int, thread
         order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
         print(f"repeat {rep + 1}/{repeat}: ", end="", flush=True)
         for key in order:
-            result, error = run_worker(key, folder, preset, threads)
+            result, error = run_worker(key, folder, preset, threads, run)
             results[key].append(result)
             if error:
                 errors[key] = error
@@ -305,7 +304,7 @@ def check_outputs(results: Results) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=2, help="times every variant runs in a fresh process")
-    parser.add_argument("--quick", action="store_true", help="a ~300 MB model and 1 repeat: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="a 28 MiB model, 1 repeat, forked workers: a smoke")
     parser.add_argument("--without-x", action="store_true", help="run the other rows if x's API is missing")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "x-bench-bigmodel")
     # nox -s bench passes the same arguments to every benchmark; ignore the ones meant for others.
@@ -331,12 +330,16 @@ def main() -> None:
     repeat = 1 if args.quick else max(1, args.repeat)
     folder = args.cache_dir / preset["name"]
     started, busy_before = time.perf_counter(), machine_busy_s() - own_cpu_s()
-    made = build_checkpoint(folder, preset)
+    forks = Forks(worker_env(threads)) if args.quick else None  # for the build and every worker
+    run = forks.run if forks else subprocess.run
+    made = build_checkpoint(folder, preset, run)
     shards = sorted(folder.glob("*.safetensors"))
     how = "reused" if made["reused"] else f"built in {made['seconds']:.0f} s"
     print(f"checkpoint: {folder} ({made['bytes'] / 1e9:.2f} GB fp32 in {len(shards)} safetensors shards, {how})")
 
-    results, errors = measure(variants, folder, preset, repeat, threads)
+    results, errors = measure(variants, folder, preset, repeat, threads, run)
+    if forks:
+        forks.close()  # its workers' CPU time counts as own_cpu_s() once it has been waited for
     print(f"({time.perf_counter() - started:.0f} s)")
     others = (machine_busy_s() - own_cpu_s() - busy_before) / ((time.perf_counter() - started) * threads)
     if others > 0.05:
@@ -379,10 +382,8 @@ def main() -> None:
             if r and r.get("threads") != threads:
                 print(f"warning: {'/'.join(key)} ran on {r.get('threads')} torch threads, not {threads}")
                 break
-    warm, cold = (
-        median(results, ("reference", "cpu", "warm"), "load_s"),
-        median(results, ("reference", "cpu", "cold"), "load_s"),
-    )
+    warm = median(results, ("reference", "cpu", "warm"), "load_s")
+    cold = median(results, ("reference", "cpu", "cold"), "load_s")
     if warm and cold and cold < 1.2 * warm:
         print("warning: cold reads were about as fast as warm ones: the page cache may not have been evicted")
     if missing:

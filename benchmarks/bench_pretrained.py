@@ -5,14 +5,16 @@
 The checkpoint is bench_bigmodel.py's synthetic Llama (LlamaForCausalLM: hidden 2048, 12 layers,
 intermediate 5632, vocab 32000, untied head, seeded random weights), 2.99 GB fp32 in 7 safetensors
 shards, built once by ``bigmodel_workers/make_checkpoint.py`` into --cache-dir (default
-$TMPDIR/x-bench-bigmodel, shared with bench_bigmodel.py) and reused while its spec matches; --quick
-uses its 283 MB one (hidden 640, 6 layers). Each (library, scenario, cache state) runs in a fresh
-process (this script with --worker); within a repeat, x and transformers run back to back for each
-scenario and cache state, in alternating order. Shown are medians, and ratios are medians of the
-per-repeat ratios x/theirs.
+$TMPDIR/x-bench-bigmodel, shared with bench_bigmodel.py) and reused while its spec matches. Each
+(library, scenario, cache state) runs in a fresh process (this script with --worker); within a repeat,
+x and transformers run back to back for each scenario and cache state, in alternating order. Shown
+are medians, and ratios are medians of the per-repeat ratios x/theirs. --quick, a smoke: its 28 MiB
+one (hidden 256, 4 layers, vocab 8192), 1 repeat, and the build and workers forked from one
+interpreter that imported torch and transformers (bigmodel_workers/forks.py): 7-18 s on 2 cores at
+load average 1-3 after bench_bigmodel's quick run built that checkpoint, 17 s building it itself.
 
 Scenarios: ``cpu`` (``device_map={"": "cpu"}``) and ``disk`` (``device_map="auto"``,
-``max_memory={"cpu": "1GiB"}`` (192 MiB with --quick), an empty offload folder). Cache states: warm
+``max_memory={"cpu": "1GiB"}`` (24 MiB with --quick), an empty offload folder). Cache states: warm
 (every shard read once, untimed, just before) and cold (``os.sync()``, then
 ``posix_fadvise(DONTNEED)`` on every shard: no root needed). Measured: the load call's wall time;
 peak RSS rise over load + generate (VmHWM after a clear_refs reset, minus VmRSS before the load;
@@ -37,33 +39,10 @@ import tempfile
 import time
 from pathlib import Path
 
-WORKERS = Path(__file__).parent / "bigmodel_workers"
-COMMON = {"vocab_size": 32000, "tie_word_embeddings": False, "max_position_embeddings": 2048}
-PRESETS = {  # as bench_bigmodel.py's, so both scripts share one checkpoint
-    "full": {
-        "name": "llama-3g",
-        "config": {"hidden_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 16, "intermediate_size": 5632},
-        "shard_size": "500MB",
-        "cpu_budget": "1GiB",
-    },
-    "quick": {
-        "name": "llama-300m",
-        "config": {"hidden_size": 640, "num_hidden_layers": 6, "num_attention_heads": 10, "intermediate_size": 1728},
-        "shard_size": "64MB",
-        "cpu_budget": "192MiB",
-    },
-}
-PROMPT = [[1, 306, 4658, 278, 6593, 310, 2834, 338]]
+from bench_bigmodel import PRESETS, build_checkpoint, version
+from bigmodel_workers.forks import Forks
 
-
-def build(folder: Path, preset: dict) -> None:
-    spec = {"folder": str(folder), "config": {**COMMON, **preset["config"]}}
-    spec |= {"shard_size": preset["shard_size"], "seed": 0}
-    proc = subprocess.run(
-        [sys.executable, str(WORKERS / "make_checkpoint.py"), json.dumps(spec)], capture_output=True, text=True
-    )
-    if proc.returncode:
-        sys.exit(f"building the checkpoint failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+PROMPT = [[1, 306, 4658, 278, 6593, 310, 2834, 338]]  # token ids: every preset's vocabulary holds them
 
 
 def _status(field: str) -> int:
@@ -140,15 +119,14 @@ def worker(args: dict) -> dict:
     }
 
 
-def run(lib: str, scenario: str, cache: str, folder: Path, budget: str) -> dict | str:
+def run(lib: str, scenario: str, cache: str, folder: Path, budget: str, runner=subprocess.run) -> dict | str:
     scratch = Path(tempfile.mkdtemp(prefix="run-", dir=folder.parent))
     args = {"library": lib, "scenario": scenario, "cache": cache, "checkpoint": str(folder), "cpu_budget": budget}
     args["offload"] = str(scratch / "offload") if scenario == "disk" else None
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TMPDIR": str(scratch)}
     try:
-        proc = subprocess.run(
-            [sys.executable, __file__, "--worker", json.dumps(args)], capture_output=True, text=True, env=env
-        )
+        argv = [sys.executable, __file__, "--worker", json.dumps(args)]
+        proc = runner(argv, capture_output=True, text=True, env=env)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if proc.returncode:
@@ -171,7 +149,7 @@ FIELDS = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="the 283 MB checkpoint instead of the 2.99 GB one")
+    parser.add_argument("--quick", action="store_true", help="a smoke: a 28 MiB model, 1 round, forked workers")
     parser.add_argument("--repeat", type=int, default=3, help="rounds of every variant (default 3)")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "x-bench-bigmodel")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -179,25 +157,27 @@ def main() -> None:
     if opts.worker:
         print(json.dumps(worker(json.loads(opts.worker))))
         return
-    import torch
-    import transformers
-
     preset = PRESETS["quick" if opts.quick else "full"]
+    rounds = 1 if opts.quick else opts.repeat
     folder = opts.cache_dir / preset["name"]
-    build(folder, preset)
+    forks = Forks({**os.environ, "HF_HUB_OFFLINE": "1"}) if opts.quick else None  # for the build and every worker
+    runner = forks.run if forks else subprocess.run
+    build_checkpoint(folder, preset, runner)
     size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
     print(f"checkpoint: {folder} ({size / 1e9:.2f} GB), disk scenario cpu budget {preset['cpu_budget']}")
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {os.cpu_count()} CPUs")
+    print(f"torch {version('torch')}, transformers {version('transformers')}, {os.cpu_count()} CPUs")
     print("load average before: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     keys = [(s, c) for s in ("cpu", "disk") for c in ("warm", "cold")]
     results: dict[tuple[str, str, str], list[dict | None]] = {}
-    for r in range(opts.repeat):
+    for r in range(rounds):
         for scenario, cache in keys:
             for lib in ("x", "hf") if r % 2 == 0 else ("hf", "x"):
-                got = run(lib, scenario, cache, folder, preset["cpu_budget"])
+                got = run(lib, scenario, cache, folder, preset["cpu_budget"], runner)
                 if isinstance(got, str):
                     print(f"{lib} {scenario} {cache}: {got}")
                 results.setdefault((lib, scenario, cache), []).append(None if isinstance(got, str) else got)
+    if forks:
+        forks.close()
     print("load average after: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
     def med(lib: str, scenario: str, cache: str, field: str) -> float | None:
@@ -212,6 +192,7 @@ def main() -> None:
     def show(value: float | None, scale: float = 1.0, unit: str = "") -> str:
         return "n/a" if value is None else f"{value / scale:.3g}{unit}"
 
+    failed = False
     print("| scenario | cache | measure | x_bigmodel | transformers+Accelerate | x / theirs |")
     print("|---|---|---|---|---|---|")
     for scenario, cache in keys:
@@ -225,6 +206,9 @@ def main() -> None:
         agree = [bool(a and b and a["tokens"] == b["tokens"]) for a, b in pairs]
         maps = {str(run["map"]) for run in results.get(("x", scenario, cache), []) if run}
         print(f"| {scenario} | {cache} | same greedy tokens | {all(agree) and bool(agree)} | device map {maps} | |")
+        failed = failed or not (agree and all(agree))
+    if failed:  # a fast wrong answer is no answer: the smoke fails, as bench_bigmodel's does
+        sys.exit("bench_pretrained: a run failed or the two libraries generated different tokens (see above)")
 
 
 if __name__ == "__main__":
