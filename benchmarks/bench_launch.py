@@ -19,8 +19,9 @@ What a user waits for when typing a launcher command, so every command runs as a
   agent in-process and starts 2 processes on a CPU-only machine too (barrier.py picks gloo). Every
   rank notes itself in a file, and the process counts are checked and reported (the full run also
   shows what `accelerate launch --cpu` starts). Each launch gets a fresh free port. A fourth row
-  runs x-launch's command without its `--log-dir DIR --tee 2` (each rank's stderr copied into a
-  file, which x-launch quotes when a rank fails), so the cost of that copy shows on its own.
+  runs x-launch's command without its `--log-dir DIR --redirects 2` (each rank's stderr written to a
+  file, which x-launch copies to the terminal and quotes when a rank fails), so the cost of those
+  files shows on its own.
 
 How: HOME, XDG_CONFIG_HOME, XDG_CACHE_HOME and HF_HOME point to an empty temporary folder and x's,
 Accelerate's and torchrun's own variables are removed, so no user config changes the runs;
@@ -60,7 +61,7 @@ HELP, SHOW, DRY = "x-launch --help", "x-launch config show", "x-launch --num_pro
 ACC_HELP = "accelerate --help"
 TORCHRUN, X_LAUNCH, ACC_LAUNCH = "torchrun (x-launch's command)", "x-launch", "accelerate launch --multi_gpu"
 # x-launch's command without the per-rank stderr files it reads for its failure summary: what they cost.
-TORCHRUN_NO_TEE = "torchrun without --log-dir/--tee"
+TORCHRUN_NO_TEE = "torchrun without --log-dir/--redirects"
 CLI_ROWS = (HELP, SHOW, DRY, ACC_HELP)
 LAUNCH_ROWS = (TORCHRUN_NO_TEE, X_LAUNCH, ACC_LAUNCH)
 X_ROWS = {HELP: TARGET_CLI, SHOW: TARGET_CLI, DRY: TARGET_CLI, X_LAUNCH: TARGET_LAUNCH}
@@ -180,13 +181,13 @@ def torchrun_of(dry_run_output: str) -> list[str]:
 
 
 def without_tee(argv: list[str]) -> list[str]:
-    """``argv`` less torchrun's ``--log-dir DIR`` and ``--tee STREAMS``."""
+    """``argv`` less torchrun's ``--log-dir DIR``, ``--redirects STREAMS`` and ``--tee STREAMS``."""
     out: list[str] = []
     skip = False
     for arg in argv:
         if skip:
             skip = False
-        elif arg in ("--log-dir", "--tee"):
+        elif arg in ("--log-dir", "--redirects", "--tee"):
             skip = True
         else:
             out.append(arg)
