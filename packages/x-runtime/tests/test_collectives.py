@@ -373,7 +373,9 @@ def test_broadcast_from_rank_1_in_place(reports, world) -> None:
 
 
 def test_prepare_shares_the_shuffle_seed_in_one_tensor_broadcast(inline_worker, workers) -> None:
-    """No data_seed: rank 0's draw reaches every rank in one int64 broadcast, nothing pickled."""
+    """No data_seed: rank 0's draw reaches every rank in one int64 broadcast, nothing pickled; the
+    broadcast is started by ``prepare`` and read on first use, so a collective the script makes in
+    between still gets its own data, and a pickled or copied pending value is the number."""
     script = inline_worker(
         """
         import torch, torch.distributed as dist
@@ -393,8 +395,16 @@ def test_prepare_shares_the_shuffle_seed_in_one_tensor_broadcast(inline_worker, 
         loader = torch.utils.data.DataLoader(list(range(40)), batch_size=4, shuffle=True)
         loader = accelerator.prepare(loader)
         made = list(calls)
+        between = torch.tensor([float(rank + 1)])
+        dist.all_reduce(between)  # issued while the seed may still be on its way
+        from x_runtime.process.shared_int import share_int
+        import copy, pickle
+        pending = share_int(7 + rank)
+        copied = [pickle.loads(pickle.dumps(pending)), copy.deepcopy(pending), int(pending)]
         order = [i for batch in loader for i in batch.tolist()]
         report({
+            "between": between.item(),
+            "copied": copied,
             "collectives": made,
             "seed": loader.state_dict()["seed"],
             "both": sorted(sum(accelerator.gather_for_metrics(torch.tensor(order)).view(2, -1).tolist(), [])),
@@ -407,3 +417,5 @@ def test_prepare_shares_the_shuffle_seed_in_one_tensor_broadcast(inline_worker, 
     assert first["seed"] == second["seed"]
     assert first["both"] == list(range(40))  # one shared order: the two ranks' halves make the dataset
     assert first["from_1"] == second["from_1"] == 2**62 + 1
+    assert first["between"] == second["between"] == 3.0
+    assert first["copied"] == second["copied"] == [7, 7, 7]

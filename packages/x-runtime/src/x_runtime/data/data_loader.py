@@ -32,7 +32,7 @@ import inspect
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,9 @@ from x_runtime.data.gradient_state import GradientState
 from x_runtime.data.loaders import DataLoaderDispatcher, DataLoaderShard
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 from x_runtime.data.sharding import Sharding
+
+if TYPE_CHECKING:
+    from x_runtime.process.shared_int import SharedInt
 
 __all__ = [
     "BatchSamplerShard",
@@ -140,19 +143,20 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     return DataLoader(dataset, sampler=SkipBatchSampler(dataloader.sampler, num_batches), batch_size=None, **settings)
 
 
-def _shared_seed(data_seed: int | None, generator: torch.Generator | None, num_processes: int) -> int:
+def _shared_seed(data_seed: int | None, generator: torch.Generator | None, num_processes: int) -> int | SharedInt:
     """The shuffle seed: ``data_seed``, else one draw broadcast from rank 0.
 
     Every rank draws (from the sampler's generator if it has one, else torch's global RNG) so that
-    their RNG streams stay aligned; rank 0's draw wins.
+    their RNG streams stay aligned; rank 0's draw wins. The broadcast is started here and waited
+    for by the sampler's first read of its seed (``SharedInt``), not inside ``prepare``.
     """
     if data_seed is not None:
         return int(data_seed)
     seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
     if num_processes > 1 and dist.is_available() and dist.is_initialized():
-        from x_runtime.process.collectives import broadcast_int
+        from x_runtime.process.shared_int import share_int
 
-        seed = broadcast_int(seed, from_process=0)
+        return share_int(seed, from_process=0)
     return seed
 
 

@@ -84,8 +84,20 @@ class SeedableRandomSampler(RandomSampler):
     ) -> None:
         super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)  # type: ignore[arg-type]
         chosen = data_seed if data_seed is not None else seed
-        self.seed = int(chosen if chosen is not None else torch.initial_seed())
+        self.seed = chosen if chosen is not None else torch.initial_seed()
         self.epoch = int(epoch)
+
+    @property
+    def seed(self) -> int:
+        """The shuffle seed; one still being broadcast from rank 0 (``prepare``'s) is waited for here."""
+        if not isinstance(self._seed, int):
+            self._seed = self._seed.result()
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: Any) -> None:
+        # ``prepare`` hands over its broadcast still running (anything with ``result()``).
+        self._seed = value if hasattr(value, "result") else int(value)
 
     @property
     def initial_seed(self) -> int:

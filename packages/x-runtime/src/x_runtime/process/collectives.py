@@ -26,7 +26,6 @@ from x_runtime.process._gather_fold import gather_tensors
 from x_runtime.process._shape_check import (
     _by_rank,
     _check_shapes,
-    _meta_device,
     _raise_local_problems,
     _rebuild,
     _walk,
@@ -35,6 +34,7 @@ from x_runtime.process._shape_check import (
 from x_runtime.process._transfer import _as_rows, _on_xla_if_needed, _pad, _source_rank, _wire
 from x_runtime.process.debug import debug_mode, verify_operation
 from x_runtime.process.errors import DistributedOperationException
+from x_runtime.process.shared_int import share_int
 
 __all__ = [
     "barrier",
@@ -346,13 +346,7 @@ def broadcast_int(value: int, from_process: int = 0) -> int:
         >>> broadcast_int(7)
         7
     """
-    world = world_size()
-    if world == 1:
-        return int(value)
-    group = object_group()  # under XLA a gloo group beside it, whose tensors live on the CPU
-    box = torch.tensor([value], dtype=torch.int64, device=_meta_device() if group is None else "cpu")
-    dist.broadcast(box, src=_source_rank("broadcast_int", from_process, world), group=group)
-    return int(box.item())
+    return share_int(value, from_process).result()
 
 
 def copy_tensor_to_devices(
