@@ -107,11 +107,8 @@ def test_legacy_layernorm_names_are_renamed_by_transformers_tables(minilm, tmp_p
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3, tie_word_embeddings=False,
-    )  # fmt: skip
+def llama(tmp_path_factory, tiny_llama):
+    config = tiny_llama
     torch.manual_seed(0)
     folder = saved(transformers.LlamaForCausalLM(config), tmp_path_factory.mktemp("llama") / "ckpt")
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
@@ -211,34 +208,20 @@ def test_base_model_loads_from_a_head_checkpoint(llama) -> None:
         assert torch.equal(model(PROMPT).last_hidden_state, reference(PROMPT).last_hidden_state)
 
 
-def mapped_kib(path: Path) -> int:
-    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
-    total, inside = 0, False
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        if "-" in line.split(" ", 1)[0] and len(line.split()) >= 5:  # a mapping's first line
-            inside = line.endswith(str(path))
-        elif inside and line.startswith("Rss:"):
-            total += int(line.split()[1])
-    return total
-
-
 @pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")
-def test_cpu_weights_are_the_files_pages_read_by_their_first_use(tmp_path) -> None:
-    config = transformers.LlamaConfig(
-        vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-        tie_word_embeddings=False,
-    )  # fmt: skip
+def test_cpu_weights_are_the_files_pages_read_by_their_first_use(tmp_path, wide_vocab_llama, mapped_bytes) -> None:
+    config = wide_vocab_llama
     torch.manual_seed(0)
     reference = transformers.LlamaForCausalLM(config).eval()
     reference.save_pretrained(tmp_path)  # one 17 MB file
     path = (tmp_path / "model.safetensors").resolve()
     model = from_pretrained(tmp_path, show_progress=False)
     # As transformers' loader: nothing read yet, so embedding rows never used never take memory.
-    assert mapped_kib(path) < 1024
+    assert mapped_bytes(path) < 2**20
     with torch.no_grad():
         assert torch.equal(model(PROMPT).logits, reference(PROMPT).logits)
-    resident = mapped_kib(path)
-    assert 8 * 1024 < resident < path.stat().st_size // 1024 - 3 * 1024  # all but most embedding rows
+    resident = mapped_bytes(path)
+    assert 8 * 2**20 < resident < path.stat().st_size - 3 * 2**20  # all but most embedding rows
 
 
 # --- GPT-2: tied head --------------------------------------------------------------------------

@@ -90,7 +90,10 @@ class AlignDevicesHook(ModelHook):
         if self._loaded and self._loaded.pop() and self.block is not None:
             self.block.depth -= 1
             if self.block.depth == 0:
-                self.block.release()
+                if self.prefetcher is not None:
+                    self.prefetcher.release(self.block)
+                else:
+                    self.block.release()
         input_device = self._input_devices.pop() if self._input_devices else None
         target = self.output_device or (input_device if self.io_same_device else None)
         if target is not None and output is not None:
@@ -101,10 +104,13 @@ class AlignDevicesHook(ModelHook):
         self._input_devices.clear()
         self._loaded.clear()
         if self.block is not None:
-            self.block.reset()
+            self.block.reset(self.prefetcher.pages if self.prefetcher is not None else None)
 
     def detach_hook(self, module: nn.Module) -> nn.Module:
         if self.block is not None:
+            for handle in self.block.handles:
+                handle.remove()
+            self.block.handles.clear()
             self.block.restore()
         if self.owns_prefetcher and self.prefetcher is not None:
             self.prefetcher.close()

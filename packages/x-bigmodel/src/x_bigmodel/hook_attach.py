@@ -2,7 +2,9 @@
 
 Every module that runs a device-map entry moves its inputs to that entry's execution device when
 the model spans several; each offloaded block's module gets its weights brought in (and the next
-block's prefetched); the root hook returns outputs on the output device and owns the prefetcher.
+block's prefetched), and the submodules inside it that alone use some of its file-mapped weights
+hand those back as soon as they have run; the root hook returns outputs on the output device and
+owns the prefetcher.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from x_bigmodel.device_keys import run_device
 from x_bigmodel.device_plan import DevicePlan
 from x_bigmodel.dispatch_tensors import is_module
 from x_bigmodel.hooks import add_hook_to_module
-from x_bigmodel.offloaded_block import OffloadedBlock
+from x_bigmodel.offloaded_block import OffloadedBlock, WeightGroup
 from x_bigmodel.prefetch import Prefetcher
 
 __all__ = ["attach_hooks", "called_modules"]
@@ -32,6 +34,9 @@ def attach_hooks(
     prefetch: bool,
 ) -> None:
     """Hook ``model`` to run as ``plan`` says, offloaded entries on ``main``, outputs on ``output``."""
+    if prefetch and len(blocks) > 1:  # without a prefetch, nothing waits for the pages handed back early
+        for block in blocks:
+            block.leaves = block.leaf_groups(model.get_submodule(block.name))
     prefetcher = Prefetcher(blocks, enabled=prefetch) if blocks else None
     run_devices = {run_device(device, main) for device in plan.entries.values()}
     hooks: dict[str, AlignDevicesHook] = {}
@@ -52,6 +57,24 @@ def attach_hooks(
     root.tracked = list(hooks.values())
     for name, hook in hooks.items():
         add_hook_to_module(model.get_submodule(name), hook)
+    if prefetcher is not None:
+        for block in blocks:
+            for leaf, groups in block.leaves.items():
+                handle = leaf.register_forward_hook(_HandBack(prefetcher, block, groups), always_call=True)
+                block.handles.append(handle)
+
+
+class _HandBack:
+    """A forward hook on a submodule of an offloaded block: once it has run, the pages of the
+    weights only it uses go back, so the next block's prefetch can map its own in meanwhile."""
+
+    def __init__(self, prefetcher: Prefetcher, block: OffloadedBlock, groups: list[WeightGroup]) -> None:
+        self.prefetcher, self.block, self.groups = prefetcher, block, groups
+
+    def __call__(self, module: nn.Module, args: object, output: object) -> None:
+        finished = self.block.finished(self.groups)
+        if finished:
+            self.prefetcher.release(self.block, finished)
 
 
 def called_modules(model: nn.Module, entry: str) -> list[str]:

@@ -5,8 +5,9 @@ A *weight source* gives one tensor in its final dtype on request:
 * ``MemoryWeight``: a tensor kept in RAM (CPU offload towards an accelerator);
 * ``FileWeight``: a tensor in a safetensors file (the checkpoint itself, read in place) or in a raw
   ``<name>.dat`` file (Accelerate's offload folder layout). For a CPU forward in the stored dtype
-  it is a zero-copy view over the file's pages, faulted in ahead of use (``populate``, from the
-  prefetch thread) and handed back after it (``release``); otherwise it is read and converted.
+  it is a zero-copy view over the file's pages, read ahead into the page cache (``read_ahead``),
+  faulted in ahead of use (``populate``, from the prefetch thread) and handed back after it
+  (``release``); otherwise it is read and converted.
 
 An *offload index* maps parameter names to their place on disk: ``{"safetensors_file", "key",
 "dtype", "shape"}`` (ours; Accelerate's ``"weight_name"`` is read as ``"key"``) or just
@@ -40,6 +41,12 @@ class MemoryWeight:
     def fetch(self, device: torch.device) -> torch.Tensor:
         return self.tensor.to(device, non_blocking=device.type != "cpu")
 
+    def mapped_bytes(self, device: torch.device) -> int:
+        return 0
+
+    def read_ahead(self, device: torch.device) -> None:
+        pass
+
     def populate(self, device: torch.device) -> None:
         pass
 
@@ -61,6 +68,15 @@ class FileWeight:
         if self.in_place(device):
             return self.file.view(self.key)
         return self.file.read(self.key).to(device=device, dtype=self.dtype)
+
+    def mapped_bytes(self, device: torch.device) -> int:
+        """The bytes of file pages a forward on ``device`` maps into the process (in place only)."""
+        return self.entry.nbytes if self.in_place(device) else 0
+
+    def read_ahead(self, device: torch.device) -> None:
+        """Start reading the pages into the page cache, mapping nothing (returns at once)."""
+        if self.in_place(device):
+            self.file.read_ahead([(self.entry.offset, self.entry.nbytes)])
 
     def populate(self, device: torch.device) -> None:
         if self.in_place(device):

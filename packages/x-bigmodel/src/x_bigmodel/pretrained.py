@@ -152,6 +152,9 @@ def from_pretrained(
             # As transformers: CPU weights are the files' pages, faulted in by their first use. Faulting
             # all in here costs more than transformers' whole load and maps embedding rows never read.
             populate=False,
+            # But read into the page cache meanwhile, so that a cold first forward does not wait on
+            # one page fault after another; disk weights are left to the prefetch thread.
+            read_ahead=True,
         )
     index.update(load_converted(net, mapping, key_files, plan, None))
     if report.missing:

@@ -7,8 +7,9 @@ The format is an 8-byte little-endian header length, a JSON header ``{name: {"dt
 * ``read_into``: ``preadv`` from the file into the tensor that will hold the weight, so loading
   costs one copy from the page cache, as reading the file does, with no mapped pages left in RSS;
 * ``view``: a zero-copy tensor over a private memory map, for disk-offloaded weights used in place
-  by a CPU forward; ``populate`` faults a byte range in ahead of use (the prefetch thread calls it)
-  and ``release`` hands the pages back to the kernel after use.
+  by a CPU forward; ``read_ahead`` starts reading a byte range into the page cache (nothing mapped
+  in yet), ``populate`` faults it in ahead of use (the prefetch thread calls both) and ``release``
+  hands the pages back to the kernel after use.
 
 The header is checked as the ``safetensors`` library checks it (``x_bigmodel.safetensors_header``),
 so a truncated or corrupt file is reported by name before anything is read, and a file safetensors
@@ -149,6 +150,11 @@ class SafetensorsFile:
         """Fault the pages of ``[(offset, nbytes)]`` into the map ahead of use (blocking; no GIL held)."""
         for offset, nbytes in ranges:
             _madvise(self._mapping(), offset, nbytes, MADV_POPULATE_READ, mmap.MADV_WILLNEED)
+
+    def read_ahead(self, ranges: list[tuple[int, int]]) -> None:
+        """Have the kernel read ``[(offset, nbytes)]`` into the page cache; nothing is mapped in."""
+        for offset, nbytes in ranges:
+            _madvise(self._mapping(), offset, nbytes, mmap.MADV_WILLNEED, None)
 
     def release(self, ranges: list[tuple[int, int]]) -> None:
         """Drop the mapped pages of ``[(offset, nbytes)]`` from this process (they stay in the page cache)."""
