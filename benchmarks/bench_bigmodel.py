@@ -280,9 +280,9 @@ def rows(results: Results, budget: int) -> list[list[str]]:
     return out
 
 
-def check_outputs(results: Results) -> list[str]:
+def check_outputs(results: Results, against: Key = ("plain", "cpu", "warm")) -> list[str]:
     """Every run's logits must match plain PyTorch's (all on CPU, warm): the same weights went in."""
-    refs = [r for r in results.get(("plain", "cpu", "warm"), []) if r]
+    refs = [r for r in results.get(against, []) if r]
     if not refs:
         return ["no plain PyTorch run to compare outputs with"]
     want, problems = refs[0], []

@@ -1,6 +1,7 @@
 """Cost of x-runtime's `Accelerator` vs plain PyTorch vs Accelerate on CPU, measured side by side in one run.
 
     nox -s bench            # or: python benchmarks/bench_runtime.py [--repeat 3] [--rounds 5] [--quick]
+    python benchmarks/bench_runtime.py --device cuda [--quick]    # the same rows on 1 or 2 GPUs
 
 What a user pays for the convenience of `Accelerator`, beyond the PyTorch code it replaces:
 
@@ -35,6 +36,12 @@ fraction of a second, and each round is a fair comparison. All of it is done --r
 fresh processes (setup, a one-off per process, gets one sample per repeat). Imports: 2 x --repeat
 rounds, after one untimed run that warms the file cache.
 
+With --device cuda the same tasks run on GPUs: 1 process on GPU 0 (and its setup: the model moved
+to the GPU by hand vs `Accelerator()` + `prepare`), and with 2 GPUs 2 processes over NCCL, one GPU
+each; pre-made batches live on the GPU, plain moves each loader batch there by hand as the prepared
+loaders do, and every timed block ends with `torch.cuda.synchronize`. A device lent for a few
+minutes fits `--device cuda --repeat 1 --rounds 3` (about as long as a CPU run: the blocks are short).
+
 Reported: the median of all blocks per variant, and for the ratios the median of per-round ratios
 (so x/plain need not equal the quotient of the two medians shown). Ratios of time rows: lower is
 better; of samples/s rows: higher is better. Each row says whether x meets its target; timings are
@@ -48,8 +55,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import re
-import resource
 import secrets
 import socket
 import statistics
@@ -60,6 +65,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+from runtime_workers.import_cost import imported_beyond_torch, measure_imports
 
 WORKER = Path(__file__).parent / "runtime_workers" / "worker.py"
 
@@ -75,7 +82,6 @@ TARGET_GATHER = 1.10  # one collective: the shape header rides with the data (x_
 TARGET_IMPORT = 1.05
 
 VARIANTS = ("plain", "accelerate", "x")
-IMPORTS = {"plain": "import torch", "accelerate": "import accelerate", "x": "import x_runtime"}
 TASKS = {1: ("micro", "small", "loader"), 2: ("micro", "small", "loader", "gather")}
 CONNECT_TIMEOUT_S = 600  # startup of three jobs on a busy machine
 REPLY_TIMEOUT_S = 600  # one block or one warm-up
@@ -99,6 +105,7 @@ ROWS = (
     Row("train step, 1.6M MLP, 2 procs", "small", 2, "ms", 1e3, TARGET_SMALL_STEP),
     Row("DataLoader epoch, 1 proc", "loader", 1, "k samples/s", 1e-3, TARGET_LOADER, True),
     Row("DataLoader epoch, 2 procs, per rank", "loader", 2, "k samples/s", 1e-3, TARGET_LOADER, True),
+    Row("setup: Accelerator()+prepare vs by hand, 1 proc", "setup", 1, "ms", 1e3, TARGET_SETUP),  # GPUs only
     Row("setup: Accelerator()+prepare vs DDP, 2 procs", "setup", 2, "ms", 1e3, TARGET_SETUP),
     Row("gather_for_metrics (64,10), 2 procs", "gather", 2, "us", 1e6, TARGET_GATHER),
     Row("import, CPU time (plain: torch)", "import", 1, "ms", 1e3, TARGET_IMPORT),
@@ -222,20 +229,22 @@ class Jobs:
             log.close()
 
 
-def measure_workers(variants: list[str], repeat: int, rounds: int, options: list[str]) -> Rounds:
+def measure_workers(variants: list[str], repeat: int, rounds: int, options: list[str], gpus: int = 0) -> Rounds:
+    """Every task's rounds; ``gpus``: on that many GPUs (1: one process), else on CPU (1 and 2 processes)."""
+    worlds = (1, 2) if gpus != 1 else (1,)
     results: Rounds = {}
     with tempfile.TemporaryDirectory() as folder:
         for rep in range(repeat):
             print(f"repeat {rep + 1}/{repeat}: ", end="", flush=True)
             start = time.perf_counter()
             # Both sets start together: startup is not timed, and idle workers wait without using the CPU.
-            sets = {world: Jobs(variants, world, options, folder) for world in (1, 2)}
+            sets = {world: Jobs(variants, world, options, folder) for world in worlds}
             for jobs in sets.values():
                 jobs.connect()
             print(f"workers started in {time.perf_counter() - start:.0f} s", end="", flush=True)
             for world, jobs in sets.items():
                 start = time.perf_counter()
-                if world > 1:
+                if world > 1 or gpus:  # on CPU a 1-process setup is the import and nothing else
                     results.setdefault(("setup", world), []).append(
                         {v: jobs.ask(v, {"task": "setup"}) for v in rotated(variants, rep)}
                     )
@@ -249,55 +258,6 @@ def measure_workers(variants: list[str], repeat: int, rounds: int, options: list
                 print(f", {world} process(es) measured in {time.perf_counter() - start:.0f} s", end="", flush=True)
             print(flush=True)
     return results
-
-
-def import_cpu_seconds(statement: str) -> float:
-    """User + sys CPU seconds of a fresh interpreter running ``statement``."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, env=worker_env())
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        sys.exit(f"`{statement}` failed:\n{proc.stderr[-3000:]}")
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
-def compile_x_sources() -> None:
-    """Bytecode for x's own packages, as a wheel install leaves it (see the module docstring)."""
-    import compileall
-    import importlib.util
-
-    for name in ("x_common", "x_runtime"):
-        spec = importlib.util.find_spec(name)
-        for folder in (spec.submodule_search_locations or []) if spec else []:
-            compileall.compile_dir(folder, quiet=1)
-
-
-def measure_imports(variants: list[str], repeat: int, warm: bool) -> list[dict[str, float]]:
-    compile_x_sources()
-    if warm:  # the file cache, so that the first timed import does not pay for it
-        import_cpu_seconds("; ".join(IMPORTS[v] for v in variants))
-    return [{v: import_cpu_seconds(IMPORTS[v]) for v in rotated(variants, r)} for r in range(repeat)]
-
-
-def imported_beyond_torch() -> list[tuple[str, float]]:
-    """Top-level packages that `import x_runtime` loads after `import torch`, with their self time (s)."""
-    proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", "import torch; import x_runtime"],
-        capture_output=True,
-        text=True,
-        env=worker_env(),
-    )
-    pattern = re.compile(r"import time:\s+(\d+) \|\s+\d+ \| *(\S+)")
-    lines = [m for m in map(pattern.match, proc.stderr.splitlines()) if m]
-    # -X importtime prints a package after its children: everything after torch's own line is x_runtime's.
-    last_torch = max((i for i, m in enumerate(lines) if m.group(2) == "torch"), default=None)
-    if proc.returncode != 0 or last_torch is None:
-        return []
-    totals: dict[str, float] = {}
-    for m in lines[last_torch + 1 :]:
-        top = m.group(2).split(".")[0]
-        totals[top] = totals.get(top, 0.0) + int(m.group(1)) / 1e6
-    return sorted(totals.items(), key=lambda item: -item[1])
 
 
 def load_average(when: str) -> str:
@@ -325,6 +285,8 @@ def print_table(results: Rounds, repeat: int, rounds: int) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for row in ROWS:
         data = results.get((row.task, row.world), [])
+        if not data:
+            continue
         shown = {}
         for variant in VARIANTS:
             values = [r[variant] for r in data if variant in r]
@@ -346,6 +308,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="times everything runs in fresh processes")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved blocks per task and repeat")
     parser.add_argument("--quick", action="store_true", help="a smoke run (<60 s): 1 repeat, 2 short rounds")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: GPU rows (1 or 2 GPUs)")
     # nox -s bench passes the same arguments to every benchmark; ignore the ones meant for others.
     args, _ = parser.parse_known_args()
 
@@ -366,11 +329,21 @@ def main() -> None:
         repeat, rounds = max(1, args.repeat), max(1, args.rounds)
         options = ["--micro-steps", "30", "--small-steps", "3", "--gather-calls", "50"]
 
+    gpus = 0
+    if args.device == "cuda":
+        import torch
+
+        gpus = min(torch.cuda.device_count(), 2)
+        if not gpus:
+            sys.exit("--device cuda: no CUDA device here")
+        print(f"device: {torch.cuda.get_device_name(0)} x {gpus} (NCCL between 2)")
+        options += ["--device", "cuda"]
     started = time.perf_counter()
-    results = measure_workers(variants, repeat, rounds, options)
+    results = measure_workers(variants, repeat, rounds, options, gpus)
     print("imports ...", flush=True)
-    results[("import", 1)] = measure_imports(variants, repeat if args.quick else 2 * repeat, warm=not args.quick)
-    beyond = [] if args.quick else imported_beyond_torch()
+    env, count = worker_env(), repeat if args.quick else 2 * repeat
+    results[("import", 1)] = measure_imports(variants, count, warm=not args.quick, env=env, order=rotated)
+    beyond = [] if args.quick else imported_beyond_torch(env)
     print(f"({time.perf_counter() - started:.0f} s)")
 
     print(load_average("after"))

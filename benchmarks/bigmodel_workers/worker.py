@@ -5,7 +5,9 @@
 library: "reference" (read every byte of the shards once: `readinto` into a reused 16 MiB buffer),
 "plain" (PyTorch by hand: the model built on the meta device, every shard read with
 `safetensors.torch.load_file`, then one `load_state_dict(..., assign=True)`), "accelerate" or "x"
-(`init_empty_weights` + `load_checkpoint_and_dispatch`). scenario: "cpu" (`device_map={"": "cpu"}`)
+(`init_empty_weights` + `load_checkpoint_and_dispatch`). scenario: "cpu" (`device_map={"": "cpu"}`),
+"gpu" (`device_map={"": 0}`; plain: `load_file(..., device="cuda:0")`; reference: every byte read
+into a pinned buffer and copied to GPU 0; loads and forwards end with `torch.cuda.synchronize`)
 or "disk" (`device_map="sequential"`, max_memory {"cpu": CPU_BUDGET, "disk": "100GiB"}, no split of
 LlamaDecoderLayer, the empty OFFLOAD folder). cache: "warm" (every shard read once, untimed, just
 before) or "cold" (`os.sync()`, then `posix_fadvise(DONTNEED)` on every shard just before).
@@ -71,6 +73,21 @@ def read_all(files: list[Path]) -> int:
     return total
 
 
+def read_to_gpu(files: list[Path]) -> int:
+    """Every byte of ``files`` read into a pinned buffer and copied to GPU 0, one chunk at a time."""
+    pinned = torch.empty(BUFFER, dtype=torch.uint8, pin_memory=True)
+    target = torch.empty(BUFFER, dtype=torch.uint8, device="cuda:0")
+    view = memoryview(pinned.numpy())
+    total = 0
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while n := f.readinto(view):
+                target[:n].copy_(pinned[:n])
+                total += n
+    torch.cuda.synchronize()
+    return total
+
+
 def evict(files: list[Path]) -> None:
     os.sync()  # dirty pages cannot be dropped
     for path in files:
@@ -128,20 +145,21 @@ def load(library: str, model, files: list[Path]):
         from safetensors.torch import load_file
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+        device = "cuda:0" if ARGS["scenario"] == "gpu" else "cpu"
         state = {}
         for path in files:
-            state.update(load_file(path))
+            state.update(load_file(path, device=device))
         model.load_state_dict(state, assign=True)
         del state
         # inv_freq is a non-persistent buffer: not in the checkpoint, so rebuilt off the meta device.
-        model.model.rotary_emb = LlamaRotaryEmbedding(model.config)
+        model.model.rotary_emb = LlamaRotaryEmbedding(model.config).to(device)
         return model
     if library == "accelerate":
         from accelerate import load_checkpoint_and_dispatch
     else:
         from x_bigmodel import load_checkpoint_and_dispatch
-    if ARGS["scenario"] == "cpu":
-        options = {"device_map": {"": "cpu"}}
+    if ARGS["scenario"] in ("cpu", "gpu"):
+        options = {"device_map": {"": "cpu" if ARGS["scenario"] == "cpu" else 0}}
     else:
         options = {
             # "sequential", not "auto": Accelerate's "auto" fails with a "disk" key in max_memory (its
@@ -185,12 +203,15 @@ def main() -> None:
     anon, file = status_bytes("RssAnon"), status_bytes("RssFile")
     reset_peak()
     start = time.perf_counter()
+    gpu = ARGS["scenario"] == "gpu"
     if library == "reference":
-        result["bytes_read"] = read_all(files)
+        result["bytes_read"] = read_to_gpu(files) if gpu else read_all(files)
         result["load_s"] = time.perf_counter() - start
         print(json.dumps(result))
         return
     model = load(library, model, files)
+    if gpu:
+        torch.cuda.synchronize()
     result["load_s"] = time.perf_counter() - start
     result["load_peak"] = status_bytes("VmHWM") - baseline
     result["written"] = written_bytes() - before_io
@@ -198,10 +219,11 @@ def main() -> None:
     result["cpu_bytes"] = cpu_param_bytes(model)
     left_on_meta = [n for n, p in model.named_parameters() if p.device.type == "meta"]
     result["on_meta"] = len(left_on_meta)
-    if ARGS["scenario"] == "cpu" and left_on_meta:
+    if ARGS["scenario"] != "disk" and left_on_meta:
         sys.exit(f"{library}: {len(left_on_meta)} parameters left on the meta device, e.g. {left_on_meta[:3]}")
 
     ids = torch.randint(0, model.config.vocab_size, (1, ARGS["seq"]), generator=torch.Generator().manual_seed(0))
+    ids = ids.to("cuda:0") if gpu else ids
     times, peaks = [], []
     with torch.inference_mode():
         for _ in range(ARGS["forwards"]):
@@ -209,6 +231,8 @@ def main() -> None:
             reset_peak()
             start = time.perf_counter()
             logits = model(input_ids=ids).logits
+            if gpu:
+                torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
             peaks.append(status_bytes("VmHWM") - baseline)
     result["forward_s"] = times
@@ -220,6 +244,8 @@ def main() -> None:
     # What stays resident after the forwards: anonymous memory vs mapped file pages (page cache).
     result["rss_anon_end"] = status_bytes("RssAnon") - anon
     result["rss_file_end"] = status_bytes("RssFile") - file
+    if gpu:
+        result["gpu_peak"] = torch.cuda.max_memory_allocated()
     result["logits_sum"] = float(logits.double().sum())
     result["logits_head"] = logits[0, -1, :4].tolist()
     result["finite"] = bool(torch.isfinite(logits).all())

@@ -1,14 +1,16 @@
 """One variant of bench_runtime.py in fresh processes, timing what the benchmark asks for, block by block.
 
-    python worker.py VARIANT PORT [--micro-steps N] ...        # one process
+    python worker.py VARIANT PORT [--micro-steps N] [--device cuda] ...        # one process
     python -m torch.distributed.run --standalone --nproc_per_node 2 worker.py VARIANT PORT ...
 
 VARIANT is "plain" (PyTorch by hand: DDP and a DistributedSampler when distributed), "accelerate"
-or "x" (``Accelerator(cpu=True)`` and ``prepare``). Every rank connects to the benchmark on
+or "x" (``Accelerator(cpu=True)`` and ``prepare``; ``Accelerator()`` with ``--device cuda``, where
+every rank uses GPU LOCAL_RANK, the group is NCCL's, plain moves the model and each loader batch to
+the GPU by hand, and each timed block ends with ``torch.cuda.synchronize``). Every rank connects to the benchmark on
 127.0.0.1:PORT, says hello with the token from $BENCH_RUNTIME_TOKEN, then runs the commands it
 receives, one JSON line each, answering one JSON line when done:
 
-    {"task": "setup"}            -> seconds (distributed only; once)
+    {"task": "setup"}            -> seconds (once; asked of 2 processes on CPU, of 1 and 2 on GPUs)
     {"task": T, "warmup": true}  -> null: build and prepare what task T needs, run it untimed
     {"task": T}                  -> one timed block of task T (seconds per call, or samples/s)
     {"task": "quit"}             -> {"threads": torch's thread count}, then the process exits
@@ -65,8 +67,9 @@ def dataset() -> TensorDataset:
 class Variant:
     """What differs between plain PyTorch, Accelerate and x: preparing, and backward."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, device: torch.device) -> None:
         self.name = name
+        self.device = device
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.accelerator: Any = None
@@ -82,7 +85,8 @@ class Variant:
 
     def make_accelerator(self) -> None:
         if self._accelerator_class is not None and self.accelerator is None:
-            self.accelerator = self._accelerator_class(cpu=True)
+            gpu = self.device.type == "cuda"
+            self.accelerator = self._accelerator_class() if gpu else self._accelerator_class(cpu=True)
 
     def plain_loader(self, data: TensorDataset) -> DataLoader:
         if self.world > 1:
@@ -92,8 +96,11 @@ class Variant:
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: DataLoader | None) -> Any:
         """(model, optimizer, loader) ready to train; ``loader`` may be None."""
         if self.name == "plain":
+            if self.device.type == "cuda":
+                model = model.to(self.device)
             if self.world > 1:
-                model = torch.nn.parallel.DistributedDataParallel(model)
+                ids = [self.device.index] if self.device.type == "cuda" else None
+                model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
             return model, optimizer, None if loader is None else self.plain_loader(loader.dataset)
         self.make_accelerator()
         if loader is None:
@@ -113,6 +120,11 @@ class Variant:
         if self.world > 1:
             dist.barrier()
 
+    def sync(self) -> None:
+        """Wait for the GPU's queued work, so a block's time includes it (nothing on CPU)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
 
 class Tasks:
     """The benchmark's tasks for one variant; state (models, loaders) is built at warm-up."""
@@ -130,6 +142,7 @@ class Tasks:
         start = time.perf_counter()
         self.variant.make_accelerator()
         self.variant.prepare(model, optimizer, loader)
+        self.variant.sync()
         return time.perf_counter() - start
 
     def warmup(self, task: str) -> None:
@@ -160,7 +173,9 @@ class Tasks:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         model, optimizer, _ = self.variant.prepare(model, optimizer, None)
         backward = self.variant.backward()
+        batches = [(inputs.to(self.variant.device), targets.to(self.variant.device)) for inputs, targets in batches]
         count = len(batches)
+        sync = self.variant.sync
 
         def block() -> float:
             start = time.perf_counter()
@@ -170,6 +185,7 @@ class Tasks:
                 loss = loss_fn(model(inputs), targets)
                 backward(loss)
                 optimizer.step()
+            sync()
             return (time.perf_counter() - start) / steps
 
         return block
@@ -179,6 +195,8 @@ class Tasks:
         variant = self.variant
         loader = variant.prepare_loader(DataLoader(dataset(), batch_size=LOADER_BATCH, shuffle=True))
         epochs = iter(range(1 << 30))
+        # The prepared loaders put each batch on the GPU; by hand that is a copy per batch.
+        by_hand = variant.name == "plain" and variant.device.type == "cuda"
 
         def block() -> float:
             if variant.name == "plain" and variant.world > 1:
@@ -186,18 +204,21 @@ class Tasks:
             seen = 0
             start = time.perf_counter()
             for inputs, _ in loader:
+                if by_hand:
+                    inputs = inputs.to(variant.device, non_blocking=True)
                 seen += len(inputs)
+            variant.sync()
             return seen / (time.perf_counter() - start)
 
         return block
 
     def _gather(self, calls: int) -> Callable[[], float]:
         variant = self.variant
-        tensor = torch.randn(64, 10)
+        tensor = torch.randn(64, 10, device=variant.device)
         if variant.name == "plain":
 
             def gather() -> torch.Tensor:
-                out = torch.empty((variant.world * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype)
+                out = tensor.new_empty((variant.world * tensor.shape[0], *tensor.shape[1:]))
                 dist.all_gather_into_tensor(out, tensor)
                 return out
 
@@ -214,6 +235,7 @@ class Tasks:
             start = time.perf_counter()
             for _ in range(calls):
                 gather()
+            variant.sync()
             return (time.perf_counter() - start) / calls
 
         return block
@@ -226,12 +248,17 @@ def main() -> None:
     parser.add_argument("--micro-steps", type=int, default=30, help="training steps per timed block")
     parser.add_argument("--small-steps", type=int, default=3)
     parser.add_argument("--gather-calls", type=int, default=50)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
-    variant = Variant(args.variant)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    variant = Variant(args.variant, device)
     if variant.world > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     tasks = Tasks(variant, args)
     with socket.create_connection(("127.0.0.1", args.port)) as conn, conn.makefile("rw") as channel:
         hello = {"token": os.environ["BENCH_RUNTIME_TOKEN"], "variant": variant.name, "rank": variant.rank}
