@@ -88,7 +88,8 @@ def main() -> None:
     for dist in ("torch", "transformers", "safetensors", "accelerate", "x-bigmodel"):
         print(f"{dist} {version(dist)}")
     libs = [lib for lib in LIBS if lib != "accelerate" or version("accelerate") != "not installed"]
-    preset = PRESETS["quick" if args.quick else "full"]
+    # Ten forwards: a GPU forward takes milliseconds, and the steady figure is the median of the rest.
+    preset = PRESETS["quick" if args.quick else "full"] | {"forwards": 10}
     folder = args.cache_dir / preset["name"]
     made = build_checkpoint(folder, preset)
     print(f"checkpoint: {folder} ({made['bytes'] / 1e9:.2f} GB), {gpus} CUDA device(s), loading onto GPU 0")
@@ -98,6 +99,9 @@ def main() -> None:
     results, errors = measure(variants, folder, preset, repeat, threads, subprocess.run)
     print(f"\nmedians over {repeat} repeat(s) of fresh processes; ratios: median of per-repeat ratios")
     print("\n".join(table(results)))
+    warm, cold = (median(results, ("reference", "gpu", cache), "load_s") for cache in CACHES)
+    if warm and cold and cold < 1.2 * warm:
+        print("warning: cold reads were about as fast as warm ones: the page cache may not have been evicted")
     failures = [f"{'/'.join(key)} failed: {why}" for key, why in errors.items()]
     failures += check_outputs(results, ("plain", "gpu", "warm"))
     if failures:

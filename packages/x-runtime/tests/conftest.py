@@ -42,7 +42,9 @@ def _single_process_environment(monkeypatch) -> None:
 
 def _worker_env(extra: dict[str, str] | None) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN)}
-    environ.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(WORKERS)})
+    # Where x runs from its sources (.ci/device-check), the caller's PYTHONPATH is how workers find it.
+    path = os.pathsep.join(p for p in (str(WORKERS), os.environ.get("PYTHONPATH", "")) if p)
+    environ.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "PYTHONPATH": path})
     environ.update(extra or {})
     return environ
 
