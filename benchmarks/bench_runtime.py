@@ -1,6 +1,6 @@
 """Cost of x-runtime's `Accelerator` vs plain PyTorch vs Accelerate on CPU, measured side by side in one run.
 
-    nox -s bench            # or: python benchmarks/bench_runtime.py [--repeat 3] [--rounds 5] [--quick]
+    nox -s bench            # or: python benchmarks/bench_runtime.py [--repeat 3] [--rounds 10] [--setups 8] [--quick]
     python benchmarks/bench_runtime.py --device cuda [--quick]    # the same rows on 1 or 2 GPUs
 
 What a user pays for the convenience of `Accelerator`, beyond the PyTorch code it replaces:
@@ -9,7 +9,7 @@ What a user pays for the convenience of `Accelerator`, beyond the PyTorch code i
   step, on pre-made batches so data loading is excluded. A micro model (289 parameters), where a
   step is all fixed per-step overhead, and a small MLP (1.6M parameters, batch 32, AdamW), where it
   is arithmetic; plain PyTorch wraps the model in DDP by hand on 2 processes.
-- DataLoader: one epoch of a prepared loader (map-style TensorDataset, 20k samples, batch 64,
+- DataLoader: epochs of a prepared loader (map-style TensorDataset, 20k samples, batch 64,
   shuffled, no workers) in samples/s per rank; plain is a DataLoader (with a DistributedSampler
   on 2 processes).
 - setup (2 processes): `Accelerator(cpu=True)` + `prepare(model, optimizer, loader)` vs DDP and a
@@ -19,28 +19,37 @@ What a user pays for the convenience of `Accelerator`, beyond the PyTorch code i
   `all_gather_into_tensor`. x checks shapes on every call (every rank raises the same error on
   mismatched shapes instead of hanging); after the first gather the shape header travels in the
   same collective as the data, so what is left is the packing around one call.
-- import: CPU time (user + sys) of `python -c "import x_runtime"` vs `import torch` vs
-  `import accelerate`, each a fresh interpreter; then `-X importtime` names what x_runtime loads
-  beyond torch. x's packages are compiled to bytecode first (`compileall`, which skips what is up
-  to date), as pip does when it installs a wheel: torch and Accelerate come from wheels with their
-  bytecode, while an editable install under PYTHONDONTWRITEBYTECODE would compile x's sources on
-  every import (about 120 ms here, which is not what an installed x costs).
+- import: in a fresh interpreter, the CPU time of `import torch`, then of `import x_runtime` (or
+  `import accelerate`) after it; the ratio is (torch + library) / torch within that one process.
+  A whole interpreter's CPU time for the same `python -c "import torch"` moves by 20% and more
+  between runs here (1.34-1.95 s in one series), which no affordable number of samples narrows to
+  the 5% the target leaves; the two parts of one process share its start, its files and its
+  moment. `-X importtime` then names what x_runtime loads beyond torch. x's packages are compiled
+  to bytecode first (`compileall`, which skips what is up to date), as pip does when it installs
+  a wheel: torch and Accelerate come from wheels with their bytecode, while an editable install
+  under PYTHONDONTWRITEBYTECODE would compile x's sources on every import (about 120 ms here,
+  which is not what an installed x costs).
 
 How, given a small machine that other work shares: every variant runs in its own fresh processes
 (runtime_workers/worker.py; for 2 processes `torch.distributed.run --standalone --nproc_per_node 2`
 with gloo; OMP_NUM_THREADS=1), so none inherits another's warm state. The variants' jobs are
 started together and kept alive; after an untimed warm-up this script has them time one block each
-(e.g. 30 micro steps, or one epoch), round-robin with the order rotated every round, for --rounds
-rounds, while the others wait idle on a socket. Load drift thus hits the three alike within a
-fraction of a second, and each round is a fair comparison. All of it is done --repeat times with
-fresh processes (setup, a one-off per process, gets one sample per repeat). Imports: 2 x --repeat
-rounds, after one untimed run that warms the file cache.
+(300 micro steps, 20 MLP steps, 400 gathers, or 3 epochs), round-robin with the order rotated
+every round, for --rounds rounds, while the others wait idle on a socket. Load drift thus hits the
+three alike within a fraction of a second, and each round is a fair comparison. All of it is done
+--repeat times with fresh processes. Two effects that no number of rounds averages out are handled
+apart: identical models built one after another in one process train at steadily different
+speeds (4 copies of one plain DDP model on 2 processes: up to 25% apart, round after round, and in
+another order the next time), so a training block steps 4 copies of its model in turn; and setup,
+a one-off per process, gets one sample per set of fresh processes, so --setups sets are started
+for it (the repeats count among them). Imports: 4 x --repeat rounds per library, after one
+untimed run that warms the file cache.
 
 With --device cuda the same tasks run on GPUs: 1 process on GPU 0 (and its setup: the model moved
 to the GPU by hand vs `Accelerator()` + `prepare`), and with 2 GPUs 2 processes over NCCL, one GPU
 each; pre-made batches live on the GPU, plain moves each loader batch there by hand as the prepared
 loaders do, and every timed block ends with `torch.cuda.synchronize`. A device lent for a few
-minutes fits `--device cuda --repeat 1 --rounds 3` (about as long as a CPU run: the blocks are short).
+minutes fits `--device cuda --repeat 1 --rounds 3 --setups 2`.
 
 Reported: the median of all blocks per variant, and for the ratios the median of per-round ratios
 (so x/plain need not equal the quotient of the two medians shown). Ratios of time rows: lower is
@@ -229,11 +238,35 @@ class Jobs:
             log.close()
 
 
-def measure_workers(variants: list[str], repeat: int, rounds: int, options: list[str], gpus: int = 0) -> Rounds:
-    """Every task's rounds; ``gpus``: on that many GPUs (1: one process), else on CPU (1 and 2 processes)."""
+def measure_setups(
+    variants: list[str], count: int, options: list[str], gpus: int, folder: str, results: Rounds
+) -> None:
+    """``count`` more setup samples in jobs started for nothing else (setup is a one-off per process)."""
+    worlds = (1, 2) if gpus > 1 else (1,) if gpus else (2,)
+    if count:
+        print(f"setup: {count} more sets of fresh processes ", end="", flush=True)
+    start = time.perf_counter()
+    for rep in range(count):
+        sets = {world: Jobs(variants, world, options, folder) for world in worlds}
+        for world, jobs in sets.items():
+            jobs.connect()
+            results.setdefault(("setup", world), []).append(
+                {v: jobs.ask(v, {"task": "setup"}) for v in rotated(variants, rep + 1)}
+            )
+            jobs.close()
+    if count:
+        print(f"in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def measure_workers(
+    variants: list[str], repeat: int, rounds: int, options: list[str], gpus: int = 0, setups: int = 0
+) -> Rounds:
+    """Every task's rounds; ``gpus``: on that many GPUs (1: one process), else on CPU (1 and 2 processes);
+    the setup rows get ``setups`` samples (at least one per repeat)."""
     worlds = (1, 2) if gpus != 1 else (1,)
     results: Rounds = {}
     with tempfile.TemporaryDirectory() as folder:
+        measure_setups(variants, max(0, setups - repeat), options, gpus, folder, results)
         for rep in range(repeat):
             print(f"repeat {rep + 1}/{repeat}: ", end="", flush=True)
             start = time.perf_counter()
@@ -276,10 +309,11 @@ def paired_ratio(rounds: list[dict[str, float]], top: str, bottom: str) -> float
     return statistics.median(ratios) if ratios else None
 
 
-def print_table(results: Rounds, repeat: int, rounds: int) -> None:
+def print_table(results: Rounds, repeat: int, rounds: int, setups: int, imports: int) -> None:
     print(
         f"\nmedians over {repeat} repeat(s) of fresh processes, {rounds} interleaved round(s) each "
-        f"(setup: 1 per repeat); ratios: median of per-round ratios"
+        f"(setup: one sample in each of {setups} set(s) of fresh processes; import: {imports} per library); "
+        "ratios: median of per-round ratios"
     )
     print("| measure | plain | accelerate | x | x/plain | accelerate/plain | x/accelerate | target | verdict |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -306,7 +340,8 @@ def print_table(results: Rounds, repeat: int, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3, help="times everything runs in fresh processes")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved blocks per task and repeat")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved blocks per task and repeat")
+    parser.add_argument("--setups", type=int, default=8, help="setup samples, each in fresh processes")
     parser.add_argument("--quick", action="store_true", help="a smoke run (<60 s): 1 repeat, 2 short rounds")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cuda: GPU rows (1 or 2 GPUs)")
     # nox -s bench passes the same arguments to every benchmark; ignore the ones meant for others.
@@ -323,11 +358,12 @@ def main() -> None:
         variants.remove("accelerate")
 
     if args.quick:
-        repeat, rounds = 1, 2
+        repeat, rounds, setups = 1, 2, 1
         options = ["--micro-steps", "10", "--small-steps", "1", "--gather-calls", "10"]
     else:
-        repeat, rounds = max(1, args.repeat), max(1, args.rounds)
-        options = ["--micro-steps", "30", "--small-steps", "3", "--gather-calls", "50"]
+        repeat, rounds, setups = max(1, args.repeat), max(1, args.rounds), max(args.setups, args.repeat)
+        blocks = {"micro-steps": 300, "small-steps": 20, "gather-calls": 400, "models": 4, "loader-epochs": 3}
+        options = [arg for name, value in blocks.items() for arg in (f"--{name}", str(value))]
 
     gpus = 0
     if args.device == "cuda":
@@ -339,15 +375,15 @@ def main() -> None:
         print(f"device: {torch.cuda.get_device_name(0)} x {gpus} (NCCL between 2)")
         options += ["--device", "cuda"]
     started = time.perf_counter()
-    results = measure_workers(variants, repeat, rounds, options, gpus)
+    results = measure_workers(variants, repeat, rounds, options, gpus, setups)
     print("imports ...", flush=True)
-    env, count = worker_env(), repeat if args.quick else 2 * repeat
+    env, count = worker_env(), repeat if args.quick else 4 * repeat
     results[("import", 1)] = measure_imports(variants, count, warm=not args.quick, env=env, order=rotated)
     beyond = [] if args.quick else imported_beyond_torch(env)
     print(f"({time.perf_counter() - started:.0f} s)")
 
     print(load_average("after"))
-    print_table(results, repeat, rounds)
+    print_table(results, repeat, rounds, setups, count)
     if beyond:
         listed = ", ".join(f"{name} {seconds * 1e3:.0f} ms" for name, seconds in beyond[:6])
         print(f"\n`import x_runtime` after `import torch` loads (self time by top-level package): {listed}")

@@ -1,25 +1,34 @@
-"""The import row of bench_runtime.py: CPU time of fresh interpreters importing each library, and
-what `import x_runtime` loads beyond torch (`-X importtime`)."""
+"""The import row of bench_runtime.py: CPU time of `import torch` and of each library's import beyond it
+in fresh interpreters, and what `import x_runtime` loads beyond torch (`-X importtime`)."""
 
 from __future__ import annotations
 
+import json
 import re
-import resource
 import subprocess
 import sys
 from collections.abc import Callable
 
-IMPORTS = {"plain": "import torch", "accelerate": "import accelerate", "x": "import x_runtime"}
+IMPORTS = {"accelerate": "accelerate", "x": "x_runtime"}
+
+# Run in a fresh interpreter: CPU time of `import torch`, then of the library's import beyond it.
+SPLIT = """
+import json, sys, time
+start = time.process_time()
+import torch
+middle = time.process_time()
+__import__(sys.argv[1])
+print(json.dumps([middle - start, time.process_time() - middle]))
+"""
 
 
-def import_cpu_seconds(statement: str, env: dict[str, str]) -> float:
-    """User + sys CPU seconds of a fresh interpreter running ``statement``."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-c", statement], capture_output=True, text=True, env=env)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+def import_split(module: str, env: dict[str, str]) -> tuple[float, float]:
+    """CPU seconds of `import torch` and of `import module` after it, in one fresh interpreter."""
+    proc = subprocess.run([sys.executable, "-c", SPLIT, module], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
-        sys.exit(f"`{statement}` failed:\n{proc.stderr[-3000:]}")
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+        sys.exit(f"`import {module}` failed:\n{proc.stderr[-3000:]}")
+    torch_s, beyond_s = json.loads(proc.stdout.splitlines()[-1])
+    return torch_s, beyond_s
 
 
 def compile_x_sources() -> None:
@@ -36,10 +45,19 @@ def compile_x_sources() -> None:
 def measure_imports(
     variants: list[str], repeat: int, warm: bool, env: dict[str, str], order: Callable[[list[str], int], list[str]]
 ) -> list[dict[str, float]]:
+    """One round per library and repeat: {"plain": its interpreter's `import torch`, library: that plus the
+    library's import beyond torch}, so each ratio compares two parts of one process (see bench_runtime.py)."""
     compile_x_sources()
+    libraries = [v for v in variants if v in IMPORTS]
     if warm:  # the file cache, so that the first timed import does not pay for it
-        import_cpu_seconds("; ".join(IMPORTS[v] for v in variants), env)
-    return [{v: import_cpu_seconds(IMPORTS[v], env) for v in order(variants, r)} for r in range(repeat)]
+        for library in libraries:
+            import_split(IMPORTS[library], env)
+    rounds = []
+    for r in range(repeat):
+        for library in order(libraries, r):
+            torch_s, beyond_s = import_split(IMPORTS[library], env)
+            rounds.append({"plain": torch_s, library: torch_s + beyond_s})
+    return rounds
 
 
 def imported_beyond_torch(env: dict[str, str]) -> list[tuple[str, float]]:

@@ -1,6 +1,6 @@
 """One variant of bench_runtime.py in fresh processes, timing what the benchmark asks for, block by block.
 
-    python worker.py VARIANT PORT [--micro-steps N] [--device cuda] ...        # one process
+    python worker.py VARIANT PORT [--micro-steps N] [--models M] [--device cuda] ...   # one process
     python -m torch.distributed.run --standalone --nproc_per_node 2 worker.py VARIANT PORT ...
 
 VARIANT is "plain" (PyTorch by hand: DDP and a DistributedSampler when distributed), "accelerate"
@@ -15,7 +15,7 @@ receives, one JSON line each, answering one JSON line when done:
     {"task": T}                  -> one timed block of task T (seconds per call, or samples/s)
     {"task": "quit"}             -> {"threads": torch's thread count}, then the process exits
 
-Tasks: "micro" / "small" (training steps), "loader" (one epoch), "gather" (distributed only).
+Tasks: "micro" / "small" (training steps), "loader" (--loader-epochs epochs), "gather" (distributed only).
 The benchmark keeps the three variants alive at once and sends blocks round-robin, so that load
 from elsewhere hits them alike; idle ones wait on their socket and take no CPU.
 
@@ -149,11 +149,11 @@ class Tasks:
         torch.manual_seed(0)  # same weights and data for every variant
         if task == "micro":
             inputs = [(torch.randn(TRAIN_BATCH, 16), torch.randn(TRAIN_BATCH, 1)) for _ in range(BATCHES)]
-            block = self._training(micro_model(), inputs, torch.nn.functional.mse_loss, self.args.micro_steps)
+            block = self._training(micro_model, inputs, torch.nn.functional.mse_loss, self.args.micro_steps)
             warm = 3
         elif task == "small":
             inputs = [(torch.randn(TRAIN_BATCH, 512), torch.randint(0, 10, (TRAIN_BATCH,))) for _ in range(BATCHES)]
-            block = self._training(small_model(), inputs, torch.nn.functional.cross_entropy, self.args.small_steps)
+            block = self._training(small_model, inputs, torch.nn.functional.cross_entropy, self.args.small_steps)
             warm = 2
         elif task == "loader":
             block, warm = self._loader(), 1
@@ -169,29 +169,38 @@ class Tasks:
         self.variant.barrier()
         return self.blocks[task]()
 
-    def _training(self, model: torch.nn.Module, batches: list, loss_fn: Any, steps: int) -> Callable[[], float]:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        model, optimizer, _ = self.variant.prepare(model, optimizer, None)
+    def _training(
+        self, make_model: Callable[[], torch.nn.Module], batches: list, loss_fn: Any, steps: int
+    ) -> Callable[[], float]:
+        # Identical copies of a model built in one process train at steadily different speeds (up to
+        # 25% apart on 2 processes, round after round): a block steps each of a few copies in turn,
+        # so that one copy's luck does not decide a variant's figure.
+        trained = []
+        for _ in range(self.args.models):
+            model = make_model()
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            trained.append(self.variant.prepare(model, optimizer, None)[:2])
         backward = self.variant.backward()
         batches = [(inputs.to(self.variant.device), targets.to(self.variant.device)) for inputs, targets in batches]
-        count = len(batches)
+        count, per_model = len(batches), max(1, steps // len(trained))
         sync = self.variant.sync
 
         def block() -> float:
             start = time.perf_counter()
-            for i in range(steps):
-                inputs, targets = batches[i % count]
-                optimizer.zero_grad()
-                loss = loss_fn(model(inputs), targets)
-                backward(loss)
-                optimizer.step()
+            for model, optimizer in trained:
+                for i in range(per_model):
+                    inputs, targets = batches[i % count]
+                    optimizer.zero_grad()
+                    loss = loss_fn(model(inputs), targets)
+                    backward(loss)
+                    optimizer.step()
             sync()
-            return (time.perf_counter() - start) / steps
+            return (time.perf_counter() - start) / (per_model * len(trained))
 
         return block
 
     def _loader(self) -> Callable[[], float]:
-        """Samples per second on this rank over one epoch."""
+        """Samples per second on this rank over --loader-epochs epochs."""
         variant = self.variant
         loader = variant.prepare_loader(DataLoader(dataset(), batch_size=LOADER_BATCH, shuffle=True))
         epochs = iter(range(1 << 30))
@@ -199,16 +208,18 @@ class Tasks:
         by_hand = variant.name == "plain" and variant.device.type == "cuda"
 
         def block() -> float:
-            if variant.name == "plain" and variant.world > 1:
-                loader.sampler.set_epoch(next(epochs))  # what a hand-written DistributedSampler loop does
-            seen = 0
-            start = time.perf_counter()
-            for inputs, targets in loader:
-                if by_hand:
-                    inputs, targets = inputs.to(variant.device), targets.to(variant.device)
-                seen += len(inputs)
-            variant.sync()
-            return seen / (time.perf_counter() - start)
+            seen, elapsed = 0, 0.0
+            for _ in range(self.args.loader_epochs):
+                if variant.name == "plain" and variant.world > 1:
+                    loader.sampler.set_epoch(next(epochs))  # what a hand-written DistributedSampler loop does
+                start = time.perf_counter()
+                for inputs, targets in loader:
+                    if by_hand:
+                        inputs, targets = inputs.to(variant.device), targets.to(variant.device)
+                    seen += len(inputs)
+                variant.sync()
+                elapsed += time.perf_counter() - start
+            return seen / elapsed
 
         return block
 
@@ -248,6 +259,8 @@ def main() -> None:
     parser.add_argument("--micro-steps", type=int, default=30, help="training steps per timed block")
     parser.add_argument("--small-steps", type=int, default=3)
     parser.add_argument("--gather-calls", type=int, default=50)
+    parser.add_argument("--loader-epochs", type=int, default=1, help="epochs per DataLoader block")
+    parser.add_argument("--models", type=int, default=1, help="copies of each model a training block steps in turn")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
 
