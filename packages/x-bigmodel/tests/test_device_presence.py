@@ -16,8 +16,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 from x_bigmodel.checkpoint_loading import load_checkpoint_in_model
-from x_bigmodel.device_keys import present_devices
+from x_bigmodel.device_keys import device_key, present_devices, run_device, storage_device
 from x_bigmodel.device_map import infer_auto_device_map
+from x_bigmodel.device_plan import DevicePlan
 from x_bigmodel.dispatch import dispatch_model, load_checkpoint_and_dispatch
 
 GPUS = torch.cuda.device_count()
@@ -145,3 +146,24 @@ def test_the_devices_here_are_listed_in_order() -> None:
     assert here[-2:] == ("cpu", "disk")
     assert [d for d in here if isinstance(d, int)] == list(range(GPUS))
     assert re.fullmatch(r"(\d+, )*('mps', )?'cpu', 'disk'", shown_here())
+
+
+@pytest.mark.parametrize("kind", ["cuda", "xpu"])
+def test_gpu_indices_are_the_accelerators_devices(monkeypatch, kind) -> None:
+    # On a GPU build current_accelerator() is a torch.device; a CPU-only build returns None, so
+    # the device a GPU index names is checked here with the accelerator's answer stood in.
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args, **kwargs: torch.device(kind))
+    assert storage_device(0) == torch.device(kind, 0)
+    assert run_device(1, torch.device(kind, 0)) == torch.device(kind, 1)
+    assert run_device("disk", torch.device(kind, 0)) == torch.device(kind, 0)
+    assert storage_device("cpu") == storage_device("disk") == torch.device("cpu")
+    assert DevicePlan.from_map({"": 0}).main_device() == torch.device(kind, 0)
+
+
+def test_bare_cuda_is_the_current_device(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert device_key("cuda") == 1
+    assert device_key(torch.device("cuda")) == 1
+    assert device_key("cuda:0") == 0
+    assert device_key(0) == 0

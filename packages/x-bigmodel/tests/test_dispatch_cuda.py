@@ -106,3 +106,26 @@ def test_cpu_offload_with_hook_chain_on_the_gpu(reference) -> None:
     assert all(p.device.type == "cpu" for p in second.parameters())
     hook_1.remove()
     hook_2.remove()
+
+
+@pytest.mark.requires_cuda(1)
+@torch.no_grad()  # outputs that keep a graph would keep every block's weights alive
+def test_prefetched_blocks_reuse_the_gpu_memory_of_the_ones_before() -> None:
+    # The caching allocator reuses freed memory only on the stream that allocated it: the prefetch
+    # copies on one side stream, so the GPU holds a few blocks' weights (the running one, the next,
+    # the first one fetched on the default stream), not one per block.
+    torch.manual_seed(0)
+    width = 1024  # 4 MiB of weights per block, 12 blocks
+    model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(12)]).eval()
+    x = torch.randn(2, width, device="cuda")
+    want = model.cuda()(x)
+    model = cpu_offload(model.cpu(), execution_device=0, prefetch=True)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved(0)
+    for _ in range(3):
+        got = model(x)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    block = width * width * 4
+    assert torch.cuda.memory_reserved(0) - before <= 6 * block, torch.cuda.memory_summary(0, abbreviated=True)

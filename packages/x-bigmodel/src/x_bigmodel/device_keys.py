@@ -59,7 +59,8 @@ def device_key(device: Any) -> DeviceKey:
             parsed = None
         if parsed is not None:
             if parsed.type == "cuda":
-                return parsed.index or 0
+                # "cuda" alone is the current device, as torch reads it (torch.cuda.set_device).
+                return parsed.index if parsed.index is not None else _current_cuda_index()
             if parsed.type in ("mps", "cpu"):
                 return parsed.type
     raise ValueError(
@@ -127,3 +128,7 @@ def _why_absent(key: DeviceKey) -> str:
         return f"{build} sees no CUDA device (check the driver and {CUDA_VISIBLE_DEVICES.name})"
     count = torch.accelerator.device_count()
     return f"this process sees {count} {accelerator.type.upper()} device{'s' if count != 1 else ''}"
+
+
+def _current_cuda_index() -> int:
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0

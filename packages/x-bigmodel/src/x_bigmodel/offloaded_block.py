@@ -80,9 +80,16 @@ class OffloadedBlock:
         sources = {id(g.source): g.source for g in self.groups}
         return sum(source.mapped_bytes(self.device) for source in sources.values())
 
-    def fetch(self, ahead: bool = False, pages: Pages | None = None, hurry: threading.Event | None = None) -> Fetched:
-        """The tensors on the execution device; ``ahead``: on the prefetch thread (on a side stream
-        for CUDA), the pages mapped in through ``pages``, waiting for room unless ``hurry`` is set."""
+    def fetch(
+        self,
+        ahead: bool = False,
+        pages: Pages | None = None,
+        hurry: threading.Event | None = None,
+        stream: Any = None,
+    ) -> Fetched:
+        """The tensors on the execution device; ``ahead``: on the prefetch thread (on the side
+        ``stream`` for CUDA, a new one if none is given), the pages mapped in through ``pages``,
+        waiting for room unless ``hurry`` is set."""
         if not ahead or self.device.type != "cuda":
             if ahead:
                 for group in self.groups:  # all of the block's reads start now, whatever waits
@@ -93,7 +100,7 @@ class OffloadedBlock:
                 else:
                     group.source.populate(self.device)
             return Fetched(self, [group.source.fetch(self.device) for group in self.groups])
-        stream = torch.cuda.Stream(self.device)
+        stream = stream if stream is not None else torch.cuda.Stream(self.device)
         with torch.cuda.stream(stream):
             values = [group.source.fetch(self.device) for group in self.groups]
             event = torch.cuda.Event()

@@ -21,6 +21,9 @@ import contextlib
 import os
 import threading
 from concurrent.futures import Future
+from typing import Any
+
+import torch
 
 from x_bigmodel.job_thread import JobThread
 from x_bigmodel.offloaded_block import Fetched, OffloadedBlock, WeightGroup
@@ -48,6 +51,10 @@ class Prefetcher:
         self._lock = threading.Lock()
         self._closed = False
         self._pid = os.getpid()
+        # One side stream per device for every prefetch: the CUDA caching allocator reuses freed
+        # memory only on the stream that allocated it, so a new stream per fetch (torch hands them
+        # out round-robin from a pool of 32) would keep up to 32 blocks' weights reserved.
+        self._streams: dict[torch.device, Any] = {}
 
     def acquire(self, block: OffloadedBlock) -> Fetched:
         """``block``'s weights, from the prefetch when it was predicted, else fetched now."""
@@ -55,7 +62,7 @@ class Prefetcher:
             if self._pid != os.getpid():
                 # A forked child: the parent's threads do not exist here (nor may its locks be free).
                 self._pid, self._executor, self._releaser, self._pending = os.getpid(), None, None, None
-                self._released, self.pages = None, PageBudget(self.pages.limit)
+                self._released, self.pages, self._streams = None, PageBudget(self.pages.limit), {}
             if self._previous is not None and self._previous is not block:
                 self._next[id(self._previous)] = block
             self._previous = block
@@ -128,7 +135,12 @@ class Prefetcher:
     def _fetch_ahead(self, block: OffloadedBlock, released: Future[None] | None, hurry: threading.Event) -> Fetched:
         if released is not None:
             released.result()  # a hand-back still queued would drop the pages brought in here
-        return block.fetch(True, self.pages, hurry)
+        stream = None
+        if block.device.type == "cuda":
+            stream = self._streams.get(block.device)
+            if stream is None:
+                stream = self._streams[block.device] = torch.cuda.Stream(block.device)
+        return block.fetch(True, self.pages, hurry, stream)
 
     def _drop(self, future: Future[Fetched]) -> None:
         if future.cancel():

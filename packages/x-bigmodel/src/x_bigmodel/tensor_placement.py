@@ -77,7 +77,10 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 def _as_device(device: int | str | torch.device) -> torch.device:
     if isinstance(device, int):
-        return torch.device(torch.accelerator.current_accelerator() or "cuda", device)  # type: ignore[arg-type]
+        # current_accelerator() is a torch.device (None on a CPU-only build), and torch.device()
+        # takes a type string beside an index, not a device.
+        accelerator = torch.accelerator.current_accelerator()
+        return torch.device(accelerator.type if accelerator is not None else "cuda", device)
     return torch.device(device)
 
 
