@@ -7,6 +7,7 @@ per-rank saves, debug mode...), on real processes (torchrun, gloo on CPU) and in
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -152,3 +153,19 @@ def test_fp16_on_cpu_runs_as_accelerate_does() -> None:
     with pytest.warns(UserWarning, match=r"fp16' on CPU computes in float32, as Accelerate does"):
         policy = Precision("fp16", torch.device("cpu"))
     assert policy.mode == "fp16" and policy.scaler is None and not policy.enabled
+
+
+@pytest.mark.filterwarnings("ignore:.*CUDA is not available")  # a GradScaler made for CUDA on a CPU-only torch
+def test_deepspeed_runs_its_own_mixed_precision_as_under_accelerate() -> None:
+    # Accelerate sets native_amp only outside DeepSpeed: its engine casts the model and scales
+    # the loss, and a GradScaler beside it would never see a scaled loss (unscale_ would raise).
+    cuda = torch.device("cuda", 0)
+    native = Precision("fp16", cuda)
+    assert native.scaler is not None and native.enabled
+    engine_owned = Precision("fp16", cuda, native=False)
+    assert engine_owned.mode == "fp16" and engine_owned.scaler is None and not engine_owned.enabled
+    model = torch.nn.Linear(2, 2)
+    forward = model.forward
+    engine_owned.wrap_forward(model)
+    assert model.forward == forward  # no autocast wrapper
+    assert isinstance(engine_owned.autocast(), contextlib.nullcontext)

@@ -65,6 +65,41 @@ def test_unscale_happens_once_per_step() -> None:
     optimizer.step()
 
 
+def test_unscaling_an_accumulating_step_under_a_scaler_is_refused() -> None:
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    weight, optimizer, _, state = _setup(scaler)
+    state.sync_gradients = False
+    scaler.scale(weight.sum()).backward()
+    with pytest.raises(RuntimeError, match=r"accumulates them under fp16: clip only when accelerator.sync_gradients"):
+        optimizer.unscale()
+    assert weight.grad.tolist() == [8.0, 8.0]  # nothing divided: the next backward adds like to like
+    scaler.scale(weight.sum()).backward()
+    state.sync_gradients = True
+    optimizer.unscale()
+    assert weight.grad.tolist() == [2.0, 2.0]
+    optimizer.step()
+    assert weight.tolist() == [-1.0, -1.0]
+
+
+class _EngineOptimizer(torch.optim.SGD):
+    """Stands in for DeepSpeed's fp16 optimizer: it steps inside backward and says if it overflowed."""
+
+    overflow = False
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")  # the engine stepped
+def test_a_step_the_strategy_skipped_inside_backward_holds_the_scheduler() -> None:
+    weight, optimizer, scheduler, _ = _setup()
+    engine_optimizer = _EngineOptimizer([weight], lr=1.0)
+    optimizer.optimizer, optimizer.steps_in_backward = engine_optimizer, True
+    engine_optimizer.overflow = True
+    scheduler.step()
+    assert optimizer.step_was_skipped and scheduler.get_last_lr() == [1.0]
+    engine_optimizer.overflow = False
+    scheduler.step()
+    assert not optimizer.step_was_skipped and scheduler.get_last_lr() == [0.5]
+
+
 @pytest.mark.parametrize(("processes", "split", "expected"), [(1, False, 0.5), (4, False, 0.2), (4, True, 0.5)])
 def test_scheduler_advances_once_per_process_without_split_batches(processes, split, expected) -> None:
     weight, optimizer, scheduler, _ = _setup(num_processes=processes, split_batches=split)

@@ -44,6 +44,7 @@ from x_runtime.precision.dynamo import TorchDynamoPlugin, compile_model
 from x_runtime.precision.fp8 import fp8_recipe_for
 from x_runtime.precision.policy import Precision, unwrap_forward
 from x_runtime.process.accelerator_methods import ProcessMethods
+from x_runtime.process.distributed_type import DistributedType
 from x_runtime.process.preemption import PreemptionMethods
 from x_runtime.process.state import ProcessState
 from x_runtime.profiling import ProfileMethods
@@ -142,6 +143,7 @@ class Accelerator(
             process.device,
             autocast_kwargs=self.handlers.autocast.to_kwargs(),
             scaler_kwargs=self.handlers.scaler.to_kwargs(),
+            native=asked != DistributedType.DEEPSPEED,
         )
         plugin = gradient_accumulation_plugin
         if plugin is not None and gradient_accumulation_steps != 1:

@@ -83,8 +83,20 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def unscale(self) -> None:
-        """Divide gradients by the loss scale once per step (clipping needs true values)."""
+        """Divide gradients by the loss scale once per step (clipping needs true values).
+
+        Raises:
+            RuntimeError: on a step that accumulates gradients (``sync_gradients`` false) under a
+                loss scaler: the next backward would add scaled gradients to unscaled ones.
+        """
         if self.scaler is not None and not self._unscaled:
+            if not self.gradient_state.sync_gradients:
+                # Accelerate fails here too, one micro-step later, with torch's "unscale_() has
+                # already been called"; said now, and before any gradient is mixed.
+                raise RuntimeError(
+                    "gradients unscaled (clip_grad_norm_, clip_grad_value_ or unscale_gradients) on a step that "
+                    "accumulates them under fp16: clip only when accelerator.sync_gradients is True"
+                )
             self.scaler.unscale_(self.optimizer)
             self._unscaled = True
 
@@ -113,6 +125,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last boundary's step was skipped for overflowing fp16 gradients."""
+        if self.steps_in_backward:
+            # DeepSpeed scales the loss itself and skips the step inside backward on overflow.
+            return bool(getattr(self.optimizer, "overflow", False))
         return self._step_was_skipped
 
     def train(self) -> None:

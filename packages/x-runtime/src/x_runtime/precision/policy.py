@@ -36,6 +36,7 @@ class Precision:
         *,
         autocast_kwargs: dict[str, Any] | None = None,
         scaler_kwargs: dict[str, Any] | None = None,
+        native: bool = True,
     ):
         mode = "no" if mode in (None, "") else str(mode).lower()
         if mode not in MIXED_PRECISIONS:
@@ -51,7 +52,7 @@ class Precision:
         # fp16 on CPU: Accelerate keeps native_amp off there (no autocast, no GradScaler). Same
         # here, but said once: Accelerate trains in fp32 without a word.
         self.dtype = None if mode == "fp16" and device.type == "cpu" else _DTYPES.get(mode)
-        if mode == "fp16" and device.type == "cpu":
+        if mode == "fp16" and device.type == "cpu" and native:
             warnings.warn(
                 "mixed_precision='fp16' on CPU computes in float32, as Accelerate does there (no autocast, "
                 "no loss scaling); mixed_precision='bf16' is the CPU choice that autocasts",
@@ -60,8 +61,12 @@ class Precision:
         self._autocast_kwargs = dict(autocast_kwargs or {})
         self._autocast_kwargs.pop("enabled", None)
         self.autocast_enabled = (autocast_kwargs or {}).get("enabled", True)
+        if not native:
+            # The strategy runs mixed precision itself (DeepSpeed's engine casts the model and
+            # scales the loss), as Accelerate leaves it there: no autocast, no GradScaler beside it.
+            self.dtype = None
         self.scaler: torch.amp.GradScaler | None = None
-        if mode == "fp16" and device.type != "cpu":
+        if mode == "fp16" and device.type != "cpu" and native:
             self.scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
 
     @property
