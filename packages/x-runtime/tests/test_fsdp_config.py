@@ -8,7 +8,9 @@ from torch import nn
 
 from x_common import env
 from x_runtime import Accelerator, FullyShardedDataParallelPlugin
+from x_runtime.process.environments import _default_backend
 from x_runtime.strategies.fsdp import wrap_units
+from x_runtime.strategies.fsdp_plugin import needs_cpu_collectives
 
 
 class Layer(nn.Module):
@@ -166,3 +168,38 @@ def test_plugin_accepts_torch_fsdp_enums_and_numbers() -> None:
         FullyShardedDataParallelPlugin(sharding_strategy="ShardingStrategy.SHARD_GRAD_OP").reshard_after_forward
         is False
     )
+
+
+@pytest.mark.parametrize(
+    ("device", "cpu_collectives", "backend"),
+    [
+        ("cuda", False, "nccl"),
+        ("cuda", True, "cuda:nccl,cpu:gloo"),
+        ("xpu", True, "xpu:xccl,cpu:gloo"),
+        ("cpu", True, "gloo"),
+        ("cpu", False, "gloo"),
+    ],
+)
+def test_the_default_backend_carries_cpu_tensors_when_fsdp_makes_them(device, cpu_collectives, backend) -> None:
+    assert _default_backend(torch.device(device), cpu_collectives) == backend
+
+
+@pytest.mark.parametrize(
+    ("plugin", "variables", "needed"),
+    [
+        ({"cpu_offload": True, "state_dict_type": "SHARDED_STATE_DICT"}, {}, True),
+        ({"cpu_offload": False, "state_dict_type": "FULL_STATE_DICT"}, {}, True),
+        ({"cpu_offload": False, "state_dict_type": "SHARDED_STATE_DICT"}, {}, False),
+        (None, {"FSDP_OFFLOAD_PARAMS": "true", "FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}, True),
+        (None, {"FSDP_STATE_DICT_TYPE": "SHARDED_STATE_DICT"}, False),
+        (None, {}, True),  # x's default state dict type is FULL_STATE_DICT
+    ],
+)
+def test_fsdp_makes_cpu_collectives_with_offload_or_full_state_dicts(monkeypatch, plugin, variables, needed) -> None:
+    for name in ("FSDP_OFFLOAD_PARAMS", "FSDP_STATE_DICT_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(getattr(env, name).name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(getattr(env, name).name, value)
+    given = None if plugin is None else FullyShardedDataParallelPlugin(**plugin)
+    assert needs_cpu_collectives(given) is needed

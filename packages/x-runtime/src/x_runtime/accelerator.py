@@ -51,6 +51,7 @@ from x_runtime.profiling import ProfileMethods
 from x_runtime.state_views import AcceleratorState, GradientState
 from x_runtime.strategies.accelerator_ddp import DDPMethods
 from x_runtime.strategies.base import Replacements, Strategy
+from x_runtime.strategies.fsdp_plugin import needs_cpu_collectives
 from x_runtime.strategies.select import asked_strategy, choose_strategy
 from x_runtime.strategies.unwrap import unwrap_model
 from x_runtime.tracking.accelerator_tracking import TrackingMethods
@@ -134,7 +135,12 @@ class Accelerator(
 
         init = self.handlers.init
         process = ProcessState.from_environment(
-            cpu=cpu, backend=init.backend, init_method=init.init_method, timeout=init.timeout, sharded=asked is not None
+            cpu=cpu,
+            backend=init.backend,
+            init_method=init.init_method,
+            timeout=init.timeout,
+            sharded=asked is not None,
+            cpu_collectives=asked == DistributedType.FSDP and needs_cpu_collectives(fsdp_plugin),
         )
         mode = env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision)
         self.fp8_recipe = fp8_recipe_for(mode, process.device, self.handlers.fp8)

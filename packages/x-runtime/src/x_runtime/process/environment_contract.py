@@ -33,6 +33,7 @@ class Request:
     init_method: str | None = None
     timeout: timedelta | None = None
     sharded: bool = False  # a sharding plugin was given in code
+    cpu_collectives: bool = False  # FSDP keeps tensors on the CPU: a gloo side beside NCCL/XCCL
 
     @classmethod
     def read(
@@ -44,11 +45,12 @@ class Request:
         timeout: timedelta | None = None,
         environ: Mapping[str, str] | None = None,
         sharded: bool = False,
+        cpu_collectives: bool = False,
     ) -> Request:
         where = process_env(environ)
         asked = env.DISTRIBUTED_TYPE.read(environ)
         cpu = cpu or bool(env.USE_CPU.read(environ))
-        return cls(environ, where, asked, cpu, backend, init_method, timeout, sharded)
+        return cls(environ, where, asked, cpu, backend, init_method, timeout, sharded, cpu_collectives)
 
     def group_timeout(self) -> timedelta:
         return self.timeout or timedelta(seconds=env.PROCESS_GROUP_TIMEOUT.read(self.environ))

@@ -78,7 +78,7 @@ class _TorchEnvironment:
         device = _pick_device(request.cpu, where.local_rank)
         launched = self.launched(request)
         joins = where.is_distributed or ((request.sharded or request.asked in SHARDED) and launched)
-        backend = (request.backend or _default_backend(device)) if joins else None
+        backend = (request.backend or _default_backend(device, request.cpu_collectives)) if joins else None
         owns = False
         if joins and not dist.is_initialized() and env.NOTEBOOK_WORKER.read(request.environ):
             await_peers(request.environ, where.rank, where.world_size, request.group_timeout())
@@ -175,8 +175,13 @@ def _pick_device(cpu: bool, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def _default_backend(device: torch.device) -> str:
-    return {"cuda": "nccl", "xpu": "xccl"}.get(device.type, "gloo")
+def _default_backend(device: torch.device, cpu_collectives: bool = False) -> str:
+    backend = {"cuda": "nccl", "xpu": "xccl"}.get(device.type)
+    if backend is None:
+        return "gloo"
+    # FSDP's CPU-offloaded shards (gradient norms, found-inf checks) and full state dicts gathered to
+    # the CPU make collectives on CPU tensors, which NCCL and XCCL refuse: gloo carries those.
+    return f"{device.type}:{backend},cpu:gloo" if cpu_collectives else backend
 
 
 def _distributed_type(where: ProcessEnv, device: torch.device) -> str:

@@ -49,11 +49,14 @@ class ProcessState:
         timeout: timedelta | None = None,
         environ: Mapping[str, str] | None = None,
         sharded: bool = False,
+        cpu_collectives: bool = False,
     ) -> ProcessState:
         """Read the environment, pick the device, and join the process group when distributed.
 
         ``sharded`` (a sharding plugin was given) joins a process group even for a world of
-        one started by a launcher, as the launcher's FSDP/DEEPSPEED choice does. XLA (the
+        one started by a launcher, as the launcher's FSDP/DEEPSPEED choice does;
+        ``cpu_collectives`` (FSDP with CPU offload or full state dicts) makes the default GPU
+        backend carry CPU tensors too (``"cuda:nccl,cpu:gloo"``). XLA (the
         launcher's choice, or ``PJRT_DEVICE`` set as torch_xla users do) takes rank, world and
         device from the XLA runtime instead (``xla_environment.XLAEnvironment``).
 
@@ -61,7 +64,13 @@ class ProcessState:
             ValueError: a launcher variable is malformed, or XLA was asked without torch_xla.
         """
         request = Request.read(
-            cpu=cpu, backend=backend, init_method=init_method, timeout=timeout, environ=environ, sharded=sharded
+            cpu=cpu,
+            backend=backend,
+            init_method=init_method,
+            timeout=timeout,
+            environ=environ,
+            sharded=sharded,
+            cpu_collectives=cpu_collectives,
         )
         placement = locate(request)
         return cls(**{f.name: getattr(placement, f.name) for f in fields(placement)})

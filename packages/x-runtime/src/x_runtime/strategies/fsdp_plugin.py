@@ -210,6 +210,15 @@ class FullyShardedDataParallelPlugin:
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
+def needs_cpu_collectives(plugin: FullyShardedDataParallelPlugin | None) -> bool:
+    """Whether FSDP as configured makes collectives on CPU tensors: CPU offload, or full state
+    dicts (gathered to the CPU); as Accelerate decides, from the plugin or the launcher's variables."""
+    if plugin is not None:
+        return bool(plugin.cpu_offload) or plugin.state_dict_type == "FULL_STATE_DICT"
+    state_dict_type = _enum_name(env.FSDP_STATE_DICT_TYPE.read(), _STATE_DICT_NUMBERS)
+    return bool(env.FSDP_OFFLOAD_PARAMS.read()) or state_dict_type == "FULL_STATE_DICT"
+
+
 def _dtype(name: str, value: Any) -> Any:
     if value is None or isinstance(value, (torch.dtype, bool)):
         return value
