@@ -87,9 +87,9 @@ class OffloadedBlock:
         hurry: threading.Event | None = None,
         stream: Any = None,
     ) -> Fetched:
-        """The tensors on the execution device; ``ahead``: on the prefetch thread (on the side
-        ``stream`` for CUDA, a new one if none is given), the pages mapped in through ``pages``,
-        waiting for room unless ``hurry`` is set."""
+        """The tensors on the execution device; ``ahead``: on the prefetch thread (on the
+        prefetcher's side ``stream`` for CUDA), the pages mapped in through ``pages``, waiting for
+        room unless ``hurry`` is set."""
         if not ahead or self.device.type != "cuda":
             if ahead:
                 for group in self.groups:  # all of the block's reads start now, whatever waits
@@ -100,7 +100,7 @@ class OffloadedBlock:
                 else:
                     group.source.populate(self.device)
             return Fetched(self, [group.source.fetch(self.device) for group in self.groups])
-        stream = stream if stream is not None else torch.cuda.Stream(self.device)
+        assert stream is not None, "a prefetch to a GPU copies on the prefetcher's side stream"
         with torch.cuda.stream(stream):
             values = [group.source.fetch(self.device) for group in self.groups]
             event = torch.cuda.Event()

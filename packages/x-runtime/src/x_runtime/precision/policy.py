@@ -50,9 +50,12 @@ class Precision:
         self.mode = mode
         self.device = device
         # fp16 on CPU: Accelerate keeps native_amp off there (no autocast, no GradScaler). Same
-        # here, but said once: Accelerate trains in fp32 without a word.
-        self.dtype = None if mode == "fp16" and device.type == "cpu" else _DTYPES.get(mode)
-        if mode == "fp16" and device.type == "cpu" and native:
+        # here, but said once: Accelerate trains in fp32 without a word. Not native: the strategy
+        # runs mixed precision itself (DeepSpeed's engine casts the model and scales the loss), as
+        # Accelerate leaves it there: no autocast, no GradScaler beside it.
+        fp16_on_cpu = mode == "fp16" and device.type == "cpu"
+        self.dtype = _DTYPES.get(mode) if native and not fp16_on_cpu else None
+        if fp16_on_cpu and native:
             warnings.warn(
                 "mixed_precision='fp16' on CPU computes in float32, as Accelerate does there (no autocast, "
                 "no loss scaling); mixed_precision='bf16' is the CPU choice that autocasts",
@@ -61,12 +64,8 @@ class Precision:
         self._autocast_kwargs = dict(autocast_kwargs or {})
         self._autocast_kwargs.pop("enabled", None)
         self.autocast_enabled = (autocast_kwargs or {}).get("enabled", True)
-        if not native:
-            # The strategy runs mixed precision itself (DeepSpeed's engine casts the model and
-            # scales the loss), as Accelerate leaves it there: no autocast, no GradScaler beside it.
-            self.dtype = None
         self.scaler: torch.amp.GradScaler | None = None
-        if mode == "fp16" and device.type != "cpu" and native:
+        if mode == "fp16" and not fp16_on_cpu and native:
             self.scaler = torch.amp.GradScaler(device.type, **(scaler_kwargs or {}))
 
     @property
