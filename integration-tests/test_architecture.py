@@ -9,7 +9,12 @@ installed):
 - no module reaches into another folder's private parts: a ``_private`` module, a ``_private``
   name, or ``module._private`` on a module imported from elsewhere. A folder is the directory that
   holds the module; a parent and its child directories are different folders;
-- every source file stays under 400 lines.
+- every source file stays under 400 lines;
+- no two folders of a package import each other (counted at the package's first level of folders:
+  ``x_runtime.process`` and everything below it is one folder here);
+- in a package with layers (``LAYERS``: x_runtime, x_bigmodel), every module lives in a layer's
+  folder and imports only from its own layer or the ones below it; the package's ``__init__`` sits
+  above every layer and ``_version`` below.
 
 The checker itself is tested on a small tree holding one of each fault, so a rule that silently
 stopped finding anything would fail here too.
@@ -27,6 +32,24 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = sorted(p for p in (ROOT / "packages").iterdir() if (p / "src").is_dir())
 MAX_LINES = 400
+# Bottom to top: a layer imports from itself and the layers before it, never after.
+LAYERS: dict[str, tuple[str, ...]] = {
+    "x_runtime": (
+        "core",  # nested structures, unwrap, RNG state, configs: nothing of x_runtime below
+        "io",  # atomic writes, free space, torch and safetensors files
+        "process",
+        "data",
+        "precision",
+        "optim",
+        "strategies",
+        "checkpoint",
+        "tracking",
+        "accelerator",  # the facade and Accelerate's state views
+        "launchers",
+        "utils",  # Accelerate's accelerate.utils names, re-exported
+    ),
+    "x_bigmodel": ("devices", "planning", "files", "offload", "loading", "dispatch", "transformers"),
+}
 
 
 @dataclass(frozen=True)
@@ -196,6 +219,64 @@ def private_reaches(tree: Tree) -> list[str]:
     return found
 
 
+def top_folder(module: str) -> str | None:
+    """The package's first-level folder holding ``module`` (``x_runtime.process.state`` -> ``process``).
+
+    ``None`` for the package itself and its top-level modules.
+    """
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else None
+
+
+def _level(module: str, layers: tuple[str, ...], tree: Tree) -> int | None:
+    """Where ``module`` sits: its layer's index; the package above all, ``_version`` below all."""
+    _, _, rest = module.partition(".")
+    if not rest:
+        return len(layers)  # the package's __init__: the public names, taken from every layer
+    if rest == "_version":
+        return -1
+    folder = top_folder(module) or (rest if module in tree.packages else None)
+    return layers.index(folder) if folder in layers else None
+
+
+def layer_faults(tree: Tree, layers: dict[str, tuple[str, ...]] = LAYERS) -> list[str]:
+    """Each module outside a layer, and each import reaching up a layer, as one line."""
+    found = []
+    for module in sorted(tree.files):
+        order = layers.get(module.split(".")[0])
+        if order is not None and _level(module, order, tree) is None:
+            found.append(f"{module} is in no layer: move it into one of {', '.join(order)}")
+    for edge in tree.imports:
+        top = edge.importer.split(".")[0]
+        order = layers.get(top)
+        if order is None or edge.target.split(".")[0] != top:
+            continue
+        low, high = _level(edge.importer, order, tree), _level(edge.target, order, tree)
+        if low is not None and high is not None and high > low:
+            names = f" ({', '.join(edge.names)})" if edge.names else ""
+            found.append(f"{edge.importer} (line {edge.line}) imports {edge.target}{names}, a layer above it")
+    return found
+
+
+def mutual_folders(tree: Tree) -> list[str]:
+    """Each pair of first-level folders of one package that import each other, with one import each way."""
+    seen: dict[tuple[str, str], Import] = {}
+    for edge in tree.imports:
+        a, b = top_folder(edge.importer), top_folder(edge.target)
+        same_package = edge.importer.split(".")[0] == edge.target.split(".")[0]
+        if a and b and a != b and same_package:
+            seen.setdefault((edge.importer.split(".")[0] + "." + a, edge.target.split(".")[0] + "." + b), edge)
+    found = []
+    for (a, b), edge in sorted(seen.items()):
+        back = seen.get((b, a))
+        if back is not None and a < b:
+            found.append(
+                f"{a} <-> {b}: {edge.importer} (line {edge.line}) imports {edge.target}; "
+                f"{back.importer} (line {back.line}) imports {back.target}"
+            )
+    return found
+
+
 def long_files(tree: Tree, root: Path = ROOT) -> list[str]:
     lengths = {name: len(path.read_text().splitlines()) for name, path in tree.files.items()}
     return [f"{tree.files[n].relative_to(root)}: {k} lines" for n, k in sorted(lengths.items()) if k >= MAX_LINES]
@@ -225,6 +306,21 @@ def test_no_private_imports_across_folders(everything: Tree, package: str) -> No
     top = package.replace("-", "_")
     found = [line for line in private_reaches(everything) if line.split(".")[0] == top]
     assert not found, "make the name public in its folder, or move the code next to it:\n" + "\n".join(found)
+
+
+def test_no_two_folders_import_each_other(everything: Tree) -> None:
+    found = mutual_folders(everything)
+    assert not found, "move what both need into a folder below both:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_layers_import_only_downwards(everything: Tree, package: str) -> None:
+    order = LAYERS[package]
+    folders = {top_folder(m) for m in everything.files if m.startswith(f"{package}.")} - {None}
+    folders |= {m.split(".")[1] for m in everything.packages if m.count(".") == 1 and m.startswith(f"{package}.")}
+    assert folders == set(order), f"{package}'s folders and its layers differ: {sorted(folders ^ set(order))}"
+    found = [line for line in layer_faults(everything) if line.startswith(package)]
+    assert not found, f"{package} imports only downwards ({' < '.join(order)}):\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("package", [p.name for p in PACKAGES])
@@ -274,3 +370,28 @@ def test_checker_finds_each_fault(tmp_path: Path) -> None:
     ]
     # Within one folder private parts are shared freely; only the length rule catches e.py.
     assert long_files(tree, tmp_path) == [f"pkg/sub/e.py: {MAX_LINES + 1} lines"]
+
+
+def test_checker_finds_upward_and_mutual_imports(tmp_path: Path) -> None:
+    src = _write(
+        tmp_path,
+        {
+            "lay/__init__.py": "from lay.top import t\n",
+            "lay/_version.py": "",
+            "lay/low/__init__.py": "",
+            "lay/low/a.py": "from lay import _version\n",
+            # Up a layer, from inside a function (a hidden dependency is still one).
+            "lay/low/b.py": "def f():\n    from lay.top.t import x\n",
+            "lay/top/__init__.py": "",
+            "lay/top/t.py": "from lay.low import a\nx = 1\n",
+            "lay/loose.py": "",
+        },
+    )
+    tree = scan([src])
+    assert layer_faults(tree, {"lay": ("low", "top")}) == [
+        "lay.loose is in no layer: move it into one of low, top",
+        "lay.low.b (line 2) imports lay.top.t (x), a layer above it",
+    ]
+    assert mutual_folders(tree) == [
+        "lay.low <-> lay.top: lay.low.b (line 2) imports lay.top.t; lay.top.t (line 1) imports lay.low.a"
+    ]

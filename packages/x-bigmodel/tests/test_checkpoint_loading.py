@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from x_bigmodel.checkpoint_loading import (
+from x_bigmodel.loading.checkpoint import (
     load_checkpoint_in_model,
     resolve_checkpoint_files,
     set_module_tensor_to_device,
@@ -311,7 +311,7 @@ _PEAK_SCRIPT = textwrap.dedent(
     """
     import sys, torch
     from torch import nn
-    from x_bigmodel.checkpoint_loading import load_checkpoint_in_model
+    from x_bigmodel.loading.checkpoint import load_checkpoint_in_model
 
     def hwm_kb():
         for line in open("/proc/self/status"):

@@ -8,14 +8,14 @@ import warnings
 import pytest
 import torch
 
-from x_bigmodel.device_map import (
+from x_bigmodel.planning.device_map import (
     DEVICE_MAP_STRATEGIES,
     get_balanced_memory,
     get_max_memory,
     infer_auto_device_map,
     resolve_device_map,
 )
-from x_bigmodel.empty_weights import init_empty_weights
+from x_bigmodel.planning.empty_weights import init_empty_weights
 
 KIB = 1024
 H, V = 64, 256
@@ -59,7 +59,7 @@ def test_max_memory_parses_orders_and_does_not_mutate() -> None:
 
 
 def test_max_memory_warns_about_missing_gpus(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="x_bigmodel.device_map"):
+    with caplog.at_level(logging.WARNING, logger="x_bigmodel.planning.device_map"):
         get_max_memory({torch.cuda.device_count() + 3: "1MiB"})
     assert "CUDA device" in caplog.text
 

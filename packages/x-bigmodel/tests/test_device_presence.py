@@ -15,11 +15,11 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from x_bigmodel.checkpoint_loading import load_checkpoint_in_model
-from x_bigmodel.device_keys import device_key, present_devices, run_device, storage_device
-from x_bigmodel.device_map import infer_auto_device_map
-from x_bigmodel.device_plan import DevicePlan
-from x_bigmodel.dispatch import dispatch_model, load_checkpoint_and_dispatch
+from x_bigmodel.devices.device_keys import device_key, present_devices, run_device, storage_device
+from x_bigmodel.dispatch.entry_points import dispatch_model, load_checkpoint_and_dispatch
+from x_bigmodel.loading.checkpoint import load_checkpoint_in_model
+from x_bigmodel.planning.device_map import infer_auto_device_map
+from x_bigmodel.planning.device_plan import DevicePlan
 
 GPUS = torch.cuda.device_count()
 ABSENT = GPUS + 3  # a GPU index this machine lacks, whatever it has
@@ -124,7 +124,7 @@ def test_dispatch_model_refuses_before_moving_or_hooking(argument) -> None:
 
 def test_from_pretrained_refuses_before_reading_anything(tmp_path) -> None:
     pytest.importorskip("transformers")
-    from x_bigmodel.pretrained import from_pretrained
+    from x_bigmodel.transformers.pretrained import from_pretrained
 
     # The folder is empty: the device is refused before the missing config is even looked for.
     with pytest.raises(ValueError) as info:

@@ -24,7 +24,7 @@ from x_bigmodel import (
     init_empty_weights,
     load_checkpoint_and_dispatch,
 )
-from x_bigmodel.device_map import plan_device_map
+from x_bigmodel.planning.device_map import plan_device_map
 
 transformers = pytest.importorskip("transformers")
 
@@ -172,7 +172,7 @@ def test_a_torch_checkpoint_tail_is_saved_in_the_offload_folder(tmp_path) -> Non
 def test_dispatch_model_with_a_strategy_and_an_offload_dir_saves_the_tail(tmp_path, monkeypatch) -> None:
     reference = sequential_model()
     model = sequential_model()
-    monkeypatch.setattr("x_bigmodel.device_map.get_max_memory", lambda _: {"cpu": 3 * LINEAR})
+    monkeypatch.setattr("x_bigmodel.planning.device_map.get_max_memory", lambda _: {"cpu": 3 * LINEAR})
     model = dispatch_model(model, "sequential", offload_dir=tmp_path / "offload")
     assert list(model.hf_device_map.values()) == ["cpu", "cpu", "disk", "disk", "disk", "disk"]
     assert any(p.suffix == ".safetensors" for p in (tmp_path / "offload").iterdir())

@@ -28,7 +28,7 @@ from x_bigmodel import (
     load_checkpoint_and_dispatch,
     remove_hook_from_module,
 )
-from x_bigmodel.device_moves import send_to_device
+from x_bigmodel.devices.device_moves import send_to_device
 
 
 class Block(nn.Module):

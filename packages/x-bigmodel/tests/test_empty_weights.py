@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from x_bigmodel.empty_weights import init_empty_weights, init_on_device
+from x_bigmodel.planning.empty_weights import init_empty_weights, init_on_device
 
 ORIGINAL_REGISTER_PARAMETER = torch.nn.Module.register_parameter
 ORIGINAL_REGISTER_BUFFER = torch.nn.Module.register_buffer

@@ -1,7 +1,7 @@
 """transformers' key conversion table, built for one model only, equals transformers' own.
 
 transformers builds the table for every model type on first use (~1,100 compiled patterns);
-``x_bigmodel.hf_tables`` runs the same builder with the transform classes recorded and makes only
+``x_bigmodel.transformers.key_tables`` runs the same builder with the transform classes recorded and makes only
 the entries a model reads. Every entry, and the list for real model classes, must be what
 transformers itself returns: same classes, patterns (as given and as processed), compiled
 expressions and operations.
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from x_bigmodel import from_pretrained, init_empty_weights
-from x_bigmodel.hf_tables import _lazy_getter, model_conversions
+from x_bigmodel.transformers.key_tables import _lazy_getter, model_conversions
 
 transformers = pytest.importorskip("transformers")
 conversion_mapping = pytest.importorskip("transformers.conversion_mapping")

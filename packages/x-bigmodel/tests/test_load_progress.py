@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from x_bigmodel.load_progress import PROGRESS_MIN_BYTES, byte_progress
+from x_bigmodel.loading.progress import PROGRESS_MIN_BYTES, byte_progress
 
 fcntl = pytest.importorskip("fcntl", reason="pseudo-terminals need a POSIX system")
 termios = pytest.importorskip("termios", reason="pseudo-terminals need a POSIX system")
@@ -28,8 +28,8 @@ LOAD = textwrap.dedent(
     """
     import sys, torch
     from torch import nn
-    import x_bigmodel.load_progress as progress
-    from x_bigmodel.checkpoint_loading import load_checkpoint_in_model
+    import x_bigmodel.loading.progress as progress
+    from x_bigmodel.loading.checkpoint import load_checkpoint_in_model
 
     threshold, count, width, mmap, show = sys.argv[1:6]
     if threshold != "default":
@@ -145,8 +145,8 @@ LAZY = textwrap.dedent(
     """
     import sys, torch
     from torch import nn
-    import x_bigmodel.load_progress as progress
-    from x_bigmodel.checkpoint_loading import load_planned, resolve_checkpoint_files
+    import x_bigmodel.loading.progress as progress
+    from x_bigmodel.loading.checkpoint import load_planned, resolve_checkpoint_files
 
     progress.PROGRESS_MIN_BYTES = 1
     with torch.device("meta"):

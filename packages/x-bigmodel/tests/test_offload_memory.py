@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from x_bigmodel import init_empty_weights, load_checkpoint_and_dispatch
-from x_bigmodel.safetensors_file import SafetensorsFile
+from x_bigmodel.files.safetensors_file import SafetensorsFile
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="reads /proc/self/smaps (Linux)")
 

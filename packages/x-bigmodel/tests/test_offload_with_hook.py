@@ -142,6 +142,6 @@ def test_a_model_without_weights_runs() -> None:
 
 def test_exported() -> None:
     assert "cpu_offload_with_hook" in x_bigmodel.__all__ and "UserCpuOffloadHook" in x_bigmodel.__all__
-    from x_bigmodel.dispatch import cpu_offload_with_hook as reexported
+    from x_bigmodel.dispatch.entry_points import cpu_offload_with_hook as reexported
 
     assert reexported is cpu_offload_with_hook

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from x_bigmodel import from_pretrained
-from x_bigmodel.readahead import ByteRange, merge_ranges, start_readahead
+from x_bigmodel.loading.readahead import ByteRange, merge_ranges, start_readahead
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="posix_fadvise (Linux)")
@@ -207,7 +207,7 @@ def test_the_interpreter_exits_with_a_read_ahead_still_running(tmp_path) -> None
         f"""
         import os, threading, time
         from pathlib import Path
-        from x_bigmodel.readahead import ByteRange, start_readahead
+        from x_bigmodel.loading.readahead import ByteRange, start_readahead
 
         started = threading.Event()
         def advise(*args):

@@ -17,8 +17,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from x_bigmodel.safetensors_file import SafetensorsFile
-from x_bigmodel.safetensors_header import FORMAT_DTYPES
+from x_bigmodel.files.safetensors_file import SafetensorsFile
+from x_bigmodel.files.safetensors_header import FORMAT_DTYPES
 
 
 def write(path, header, data=b"", length=None):
@@ -305,7 +305,7 @@ def exotic_state() -> dict[str, torch.Tensor]:
 )
 @pytest.mark.parametrize("mmap", [True, False])
 def test_new_dtypes_load_into_a_model_as_safetensors_reads_them(tmp_path, mmap) -> None:
-    from x_bigmodel.checkpoint_loading import load_checkpoint_in_model
+    from x_bigmodel.loading.checkpoint import load_checkpoint_in_model
 
     path = tmp_path / "model.safetensors"
     save_file(exotic_state(), str(path))
@@ -320,7 +320,7 @@ def test_new_dtypes_load_into_a_model_as_safetensors_reads_them(tmp_path, mmap) 
 
 
 def test_a_tensor_torch_cannot_hold_is_named_when_the_model_needs_it(tmp_path) -> None:
-    from x_bigmodel.checkpoint_loading import load_checkpoint_in_model
+    from x_bigmodel.loading.checkpoint import load_checkpoint_in_model
 
     path = write(
         tmp_path / "model.safetensors",
@@ -348,7 +348,7 @@ def test_a_tensor_torch_cannot_hold_is_named_when_the_model_needs_it(tmp_path) -
 
 def test_a_dtype_this_torch_lacks_is_named_with_the_torch_version(tmp_path, monkeypatch) -> None:
     # As F8_E8M0 reads on a torch older than 2.7: the file opens, that tensor says what is missing.
-    import x_bigmodel.safetensors_header as header
+    import x_bigmodel.files.safetensors_header as header
 
     monkeypatch.setitem(header.FORMAT_DTYPES, "F8_E8M0", (8, "float8_not_in_this_torch"))
     path = write(

@@ -77,7 +77,7 @@ def test_a_cluster_script_written_for_accelerate_launch_runs_unchanged(capsys, s
         "--epochs", "3",
     )  # fmt: skip
     assert argv[1:] == [
-        "-m", "torch.distributed.run",
+        "-m", "x_launch.torchrun",
         "--nnodes", "2", "--nproc-per-node", "4",
         "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29600",
         "--max-restarts", "2", "--rdzv-conf", "timeout=900", "--role", "trainer", "--monitor-interval", "5.0",
@@ -141,7 +141,7 @@ def test_deepspeed_wins_over_fsdp_and_fsdp_over_multi_gpu_as_in_accelerate(capsy
 
 def test_multi_gpu_on_cpu_is_the_multi_process_launch(capsys, script) -> None:
     argv, environment = dry_run(capsys, "--multi_gpu", "--num_processes", "2", "--cpu", script)
-    assert "torch.distributed.run" in argv and argv[argv.index("--nproc-per-node") + 1] == "2"
+    assert "x_launch.torchrun" in argv and argv[argv.index("--nproc-per-node") + 1] == "2"
     assert environment["X_DISTRIBUTED_TYPE"] == "MULTI_CPU"
     _, inferred = dry_run(capsys, "--multi-gpu", "--num_processes", "2", script)
     assert "X_DISTRIBUTED_TYPE" not in inferred  # the runtime picks GPUs when there are some, else CPU

@@ -54,7 +54,7 @@ def refused(*args: str, **kwargs) -> str:
 def test_a_range_makes_torchrun_elastic_with_c10d_and_restarts() -> None:
     got = plan("--num_machines", "2:3", "--num_processes", "6", *MACHINE)
     command = " ".join(got.argv)
-    assert command.startswith(f"{PY} -m torch.distributed.run --nnodes 2:3 --nproc-per-node 2 ")
+    assert command.startswith(f"{PY} -m x_launch.torchrun --nnodes 2:3 --nproc-per-node 2 ")
     assert "--rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29411 --rdzv-id x-29411 --local-addr 127.0.0.1" in command
     assert f"--max-restarts {ELASTIC_RESTARTS} " in command and "--rdzv-conf join_timeout=600 " in command
     # each rendezvous round gets a fresh worker store (see launch_plan)

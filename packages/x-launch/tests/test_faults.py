@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
-from x_launch.run_process import RankFailure, describe_failure, parse_root_cause
+from x_launch.failures import AgentError, RankFailure, describe_failure, read_report, root_cause, write_report
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
 
@@ -147,56 +148,43 @@ def test_a_signal_to_x_launch_leaves_no_process_behind(start, tmp_path: Path, si
     assert proc.returncode == (128 + sig if sig != signal.SIGKILL else -signal.SIGKILL)
 
 
-SUMMARY = """
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-30_02:51:36
-  host      : node7
-  rank      : 5 (local_rank: 1)
-  exitcode  : -9 (pid: 12891)  (SIGKILL)
-"""
+def _failed(*failures: tuple[int, int, int, int]) -> ChildFailedError:
+    """torchrun's own exception for failures of ``(rank, local_rank, exit code, second)``, first listed first."""
+    found = {}
+    for rank, local_rank, code, second in failures:
+        failure = ProcessFailure(local_rank=local_rank, pid=12890 + rank, exitcode=code, error_file="<N/A>")
+        failure.timestamp = second
+        found[rank] = failure
+    return ChildFailedError("worker.py", found)
 
 
-def test_parse_root_cause_reads_torchruns_summary() -> None:
-    assert parse_root_cause(SUMMARY) == RankFailure(rank=5, local_rank=1, exit_code=-9, host="node7")
-
-
-TIED = """
-Failures:
-[1]:
-  time      : 2026-11-30_02:51:36
-  host      : node7
-  rank      : 1 (local_rank: 1)
-  exitcode  : -9 (pid: 12892)
-  error_file: <N/A>
-  traceback : Signal 9 (SIGKILL) received by PID 12892
-------------------------------------------------------------
-Root Cause (first observed failure):
-[0]:
-  time      : 2026-11-30_02:51:36
-  host      : node7
-  rank      : 0 (local_rank: 0)
-  exitcode  : 1 (pid: 12891)
-  error_file: <N/A>
-"""
+def test_the_root_cause_is_read_from_torchruns_child_failed_error() -> None:
+    failed = _failed((5, 1, -9, 1764471096))
+    assert root_cause(failed, host="node7") == RankFailure(rank=5, local_rank=1, exit_code=-9, host="node7")
+    # What the agent wrote is what x-launch reads back, whole.
+    report = Path(tempfile.mkdtemp()) / "failure.json"
+    write_report(report, root_cause(failed, host="node7"))
+    assert read_report(report) == RankFailure(rank=5, local_rank=1, exit_code=-9, host="node7")
+    write_report(report, AgentError("RendezvousTimeoutError", "timed out"))
+    assert str(read_report(report)) == "RendezvousTimeoutError: timed out"
 
 
 def test_a_rank_killed_in_the_same_second_as_the_root_cause_is_named_instead() -> None:
     # Rank 1 was killed; rank 0 then failed on the broken connection within the same second, and
     # torchrun breaks the tie by the lowest rank. The signal is the cause.
-    assert parse_root_cause(TIED) == RankFailure(rank=1, local_rank=1, exit_code=-9, host="node7")
-    later = TIED.replace(
-        "time      : 2026-11-30_02:51:36\n  host      : node7\n  rank      : 1",
-        "time      : 2026-11-30_02:51:37\n  host      : node7\n  rank      : 1",
-        1,
+    second = 1764471096
+    assert _failed((0, 0, 1, second), (1, 1, -9, second)).get_first_failure()[0] == 0  # torchrun's choice
+    assert root_cause(_failed((0, 0, 1, second), (1, 1, -9, second)), host="node7") == RankFailure(
+        rank=1, local_rank=1, exit_code=-9, host="node7"
     )
-    assert parse_root_cause(later).rank == 0  # not the same second: torchrun's root cause stands
-    stopped = TIED.replace("exitcode  : -9 (pid: 12892)", "exitcode  : -15 (pid: 12892)")
-    assert parse_root_cause(stopped).rank == 0  # SIGTERM: torchrun stopping the others, not a cause
+    later = _failed((0, 0, 1, second), (1, 1, -9, second + 1))
+    assert root_cause(later).rank == 0  # not the same second: torchrun's root cause stands
+    stopped = _failed((0, 0, 1, second), (1, 1, -15, second))
+    assert root_cause(stopped).rank == 0  # SIGTERM: torchrun stopping the others, not a cause
     # torchrun named the rank it stopped (lowest rank of the second); the one that exited is the cause.
-    swapped = stopped.replace("exitcode  : -15", "exitcode  : 7").replace("exitcode  : 1 (", "exitcode  : -15 (")
-    assert parse_root_cause(swapped) == RankFailure(rank=1, local_rank=1, exit_code=7, host="node7")
-    assert parse_root_cause("no summary here") is None
+    swapped = _failed((0, 0, -15, second), (1, 1, 7, second))
+    assert root_cause(swapped, host="node7") == RankFailure(rank=1, local_rank=1, exit_code=7, host="node7")
+    assert read_report(Path(tempfile.gettempdir()) / "no-such-report.json") is None
 
 
 def test_describe_failure_tails_the_newest_attempts_log(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def test_dry_run_prints_sources_command_and_environment_and_starts_nothing(run, 
     assert "engine: torchrun" in text
     command = re.search(r"^command: .*$", text, re.M).group(0)
     assert re.fullmatch(
-        r"command: \S+ -m torch\.distributed\.run --nnodes 1 --nproc-per-node 2 --standalone "
+        r"command: \S+ -m x_launch\.torchrun --nnodes 1 --nproc-per-node 2 --standalone "
         r"--max-restarts 0 --rdzv-conf join_timeout=600 --log-dir \S+/x-launch-\d+-[0-9a-f]{8} --redirects 2 "
         + re.escape(f"{path} --epochs 3"),
         command,
@@ -128,7 +128,7 @@ def test_config_file_and_multi_machine_plan(run, tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     # --local-addr: this machine's address on the route to 10.1.2.3, whichever it is here
     assert re.search(
-        r"-m torch\.distributed\.run --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint 10\.1\.2\.3:6000 "
+        r"-m x_launch\.torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint 10\.1\.2\.3:6000 "
         r"--rdzv-id x-6000 (--local-addr \S+ )?--max-restarts 0 --rdzv-conf join_timeout=600 --log-dir ",
         out.stdout,
     ), out.stdout

@@ -70,7 +70,7 @@ TWO_NODE_BATCH = {  # sbatch -N 2: x-launch hands over to srun
     "SLURM_TASKS_PER_NODE": "1(x2)",
 }
 
-STANDALONE = ("-m torch.distributed.run --nnodes 1", "--standalone")
+STANDALONE = ("-m x_launch.torchrun --nnodes 1", "--standalone")
 
 
 def _flat(saved: dict[str, Any]) -> dict[str, Any]:

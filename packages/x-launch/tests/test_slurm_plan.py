@@ -112,7 +112,7 @@ def test_one_task_per_node_runs_torchrun_with_slurms_layout() -> None:
     assert plan.argv == [
         PY,
         "-m",
-        "torch.distributed.run",
+        "x_launch.torchrun",
         "--nnodes",
         "2",
         "--nproc-per-node",
@@ -276,7 +276,7 @@ def test_batch_script_on_one_node_runs_torchrun_here() -> None:
     plan = plan_for(BATCH_ONE_NODE, "--num_processes", "2", "--cpu")
     assert plan.engine == "torchrun"
     assert (
-        "-m torch.distributed.run --nnodes 1 --nproc-per-node 2 --node-rank 0 --master-addr vm --master-port 20005"
+        "-m x_launch.torchrun --nnodes 1 --nproc-per-node 2 --node-rank 0 --master-addr vm --master-port 20005"
     ) in " ".join(plan.argv)
     assert plan.notes == ["slurm: batch script on a one-node allocation: torchrun here"]
     assert plan.settings["num_processes"] == Setting(2, "--num_processes")

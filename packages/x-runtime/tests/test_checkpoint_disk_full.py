@@ -24,7 +24,7 @@ import torch
 
 from x_runtime import Accelerator
 from x_runtime.checkpoint import DiskFullError, save_state_dict_files, save_tensors_file, torch_save
-from x_runtime.checkpoint.disk_space import out_of_space_errno
+from x_runtime.io.disk_space import out_of_space_errno
 
 KiB = 1024
 

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from x_runtime import Accelerator, ProjectConfiguration
 from x_runtime.checkpoint import checkpointing
-from x_runtime.checkpoint.model_files import load_state_dict_files
+from x_runtime.io.model_files import load_state_dict_files
 
 
 class Tied(torch.nn.Module):

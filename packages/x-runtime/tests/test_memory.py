@@ -8,8 +8,8 @@ import weakref
 import pytest
 import torch
 
-from x_runtime import memory
-from x_runtime.memory import (
+from x_runtime.core import memory
+from x_runtime.core.memory import (
     clear_device_cache,
     find_executable_batch_size,
     free_memory,

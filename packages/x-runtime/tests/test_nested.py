@@ -7,7 +7,7 @@ from collections import namedtuple
 
 import torch
 
-from x_runtime.data import nested
+from x_runtime.core import nested
 
 Pair = namedtuple("Pair", "inputs labels")
 

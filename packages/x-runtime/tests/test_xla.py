@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset  # noqa: E402
 
 from x_common import env  # noqa: E402
 from x_runtime import Accelerator  # noqa: E402
-from x_runtime.checkpoint.random_state import set_seed  # noqa: E402
+from x_runtime.core.random_state import set_seed  # noqa: E402
 
 WORKERS = Path(__file__).parent / "workers"
 

@@ -13,7 +13,7 @@ from x_runtime import Accelerator
 from x_runtime.precision.policy import Precision
 from x_runtime.process.state import ProcessState
 from x_runtime.strategies.param_moves import ParameterMoves
-from x_runtime.strategies.select import choose_strategy
+from x_runtime.strategies.select import decide
 
 HAS_TORCH_XLA = importlib.util.find_spec("torch_xla") is not None
 
@@ -70,8 +70,9 @@ def test_half_precision_other_than_bf16_is_refused_on_xla(mode: str) -> None:
 @pytest.mark.parametrize("asked", ["FSDP", "DEEPSPEED"])
 def test_sharding_plugins_are_refused_on_xla(asked: str) -> None:
     state = ProcessState(0, 0, 1, 1, 0, torch.device("xla"), "xla", "XLA", "xla")
+    choice = decide(environ={env.DISTRIBUTED_TYPE.name: asked})
     with pytest.raises(ValueError) as caught:
-        choose_strategy(state, asked, fsdp_plugin=None, deepspeed_plugin=None, mixed_precision="no", ddp_kwargs={})
+        choice.build(state, mixed_precision="no")
     assert str(caught.value).startswith(f"{asked} on XLA devices: x_runtime trains XLA replicas")
     assert f"drop the {asked.lower()} plugin/config" in str(caught.value)
 

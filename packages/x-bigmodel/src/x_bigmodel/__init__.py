@@ -12,20 +12,25 @@ Names and semantics follow Accelerate's big-model API.
 """
 
 from x_bigmodel._version import __version__
-from x_bigmodel.checkpoint_loading import load_checkpoint_in_model, set_module_tensor_to_device
-from x_bigmodel.device_map import get_balanced_memory, get_max_memory, infer_auto_device_map, resolve_device_map
-from x_bigmodel.device_plan import DevicePlan
-from x_bigmodel.dispatch import (
+from x_bigmodel.dispatch.entry_points import (
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,
     dispatch_model,
     load_checkpoint_and_dispatch,
 )
-from x_bigmodel.empty_weights import init_empty_weights, init_on_device
-from x_bigmodel.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
-from x_bigmodel.offload_hook import UserCpuOffloadHook
-from x_bigmodel.pretrained import from_pretrained
+from x_bigmodel.dispatch.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
+from x_bigmodel.dispatch.offload_hook import UserCpuOffloadHook
+from x_bigmodel.loading.checkpoint import load_checkpoint_in_model, set_module_tensor_to_device
+from x_bigmodel.planning.device_map import (
+    get_balanced_memory,
+    get_max_memory,
+    infer_auto_device_map,
+    resolve_device_map,
+)
+from x_bigmodel.planning.device_plan import DevicePlan
+from x_bigmodel.planning.empty_weights import init_empty_weights, init_on_device
+from x_bigmodel.transformers.pretrained import from_pretrained
 
 __all__ = [
     "DevicePlan",

@@ -224,6 +224,9 @@ NOTEBOOK_WORKER = _var(
 )
 PREEMPTION_SIGNALS = _var("PREEMPTION_SIGNALS", Str(), None, "signals a worker takes as a preemption (unset: USR1)")
 PREEMPTION_FILE = _var("PREEMPTION_FILE", Str(), None, "marker x-launch creates when the job is asked to stop")
+FAILURE_REPORT = _var(
+    "FAILURE_REPORT", Str(), None, "file x-launch's torchrun agent writes the failing rank to (JSON), for its summary"
+)
 PREEMPTION_SEEN = ".seen"  # <PREEMPTION_FILE>.seen: created by the ranks that stopped for the request
 CONFIG_FILE = _var("CONFIG_FILE", Str(), None, "launch config file to use instead of the default location")
 DISTRIBUTED_TYPE = _var("DISTRIBUTED_TYPE", Choice(DISTRIBUTED_TYPES), None, "strategy chosen by the launcher")

@@ -70,7 +70,7 @@ def _spread_multi_value(argv: list[str], option: str) -> list[str]:
 
 def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
     """``--seq_len 8`` reads as ``--seq-len 8``: Accelerate's underscore spelling of every dashed option."""
-    out = []
+    out: list[str] = []
     for i, arg in enumerate(argv):
         if arg == "--":
             return out + argv[i:]

@@ -11,7 +11,7 @@ the message names the suspicious size.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from x_estimate.errors import EstimateError
 
@@ -27,7 +27,7 @@ _SIZE_KEYS = (
 )  # fmt: skip
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +52,7 @@ def _tensors(obj: Any, path: str, out: dict[str, Any], seen: set[int], depth: in
     if depth > 6 or id(obj) in seen or isinstance(obj, (str, bytes, int, float, bool, type(None))):
         return
     seen.add(id(obj))
+    items: Iterable[tuple[Any, Any]]
     if isinstance(obj, dict):
         items = obj.items()
     elif isinstance(obj, (list, tuple)):

@@ -142,8 +142,8 @@ class Report:
                 cells.append(format_size(r.training.total))
             if opts.seq_len is not None:
                 if simulated:
-                    sim = r.peak is not None and r.peak.method == "simulate"
-                    cells += [_opt_size(r.kv_cache), format_size(r.peak.activations) if sim else "-"]
+                    sim = r.peak if r.peak is not None and r.peak.method == "simulate" else None
+                    cells += [_opt_size(r.kv_cache), format_size(sim.activations) if sim is not None else "-"]
                 else:
                     cells += [_opt_size(r.kv_cache), _opt_size(r.activations), _opt_size(r.activations_checkpointed)]
             if opts.fits is not None:

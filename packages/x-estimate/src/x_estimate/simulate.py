@@ -107,7 +107,8 @@ def _materialize(model: torch.nn.Module, dtype: torch.dtype) -> _Slots:
     memo: dict[int, torch.Tensor] = {}
     slots: _Slots = []
     for module in model.modules():
-        for table, parameter in ((module._parameters, True), (module._buffers, False)):
+        tables: tuple[tuple[dict[str, Any], bool], ...] = ((module._parameters, True), (module._buffers, False))
+        for table, parameter in tables:
             for name, t in list(table.items()):
                 if t is None:
                     continue
@@ -202,6 +203,7 @@ def _simulate(model: torch.nn.Module, config: Any, extrapolate: bool, kwargs: di
         return _simulate_whole(model, config, **kwargs)
     parent, name = stack
     blocks, count = parent._modules[name], config.num_hidden_layers
+    assert isinstance(blocks, torch.nn.ModuleList)  # uniform_stack only names a ModuleList
     steps = []
     try:
         for k in (2, 3):
@@ -278,7 +280,7 @@ def _prime(
     ledger.phase = "optimizer"
     for p in params:
         p.grad = torch.zeros_like(p)
-    keys["gradients"] |= {k for p in params if (k := ledger.key_of(p.grad)) is not None}
+    keys["gradients"] |= {k for p in params if p.grad is not None and (k := ledger.key_of(p.grad)) is not None}
     opt.step()
     opt.zero_grad(set_to_none=True)
 

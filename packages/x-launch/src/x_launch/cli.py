@@ -98,20 +98,10 @@ def config_default(config_file: Path | None, force: bool) -> None:
     """
     from x_common.devices import device_count
     from x_launch.config_file import save_config
+    from x_launch.config_schema import machine_defaults
 
     path = _target_path(config_file)
-    gpus = device_count("cuda")
-    values = {
-        "compute_environment": "LOCAL_MACHINE",
-        "distributed_type": "MULTI_GPU" if gpus > 1 else "NO",
-        "num_machines": 1,
-        "num_processes": max(gpus, 1),
-        "machine_rank": 0,
-        "rdzv_backend": "static",
-        "gpu_ids": "all",
-        "mixed_precision": "no",
-        "use_cpu": gpus == 0,
-    }
+    values = machine_defaults(device_count("cuda"))
     save_config(path, values, force=force)
     click.echo(f"wrote {path}")
 

@@ -39,6 +39,41 @@ def all_fields() -> dict[str, Option]:
     return {row.key: row for row in TABLE}
 
 
+# The keys `accelerate config default` writes, which `x-launch config default` writes too.
+DEFAULT_FILE_KEYS = (
+    "compute_environment",
+    "distributed_type",
+    "num_machines",
+    "num_processes",
+    "machine_rank",
+    "rdzv_backend",
+    "gpu_ids",
+    "mixed_precision",
+    "use_cpu",
+)
+
+
+def machine_defaults(gpus: int) -> dict[str, Any]:
+    """The config ``x-launch config default`` writes on a machine with ``gpus`` CUDA devices.
+
+    Each key's value is the settings table's default, except the three this machine decides: one
+    process per GPU (DDP over them when there are several), and the CPU when there is none.
+
+    Examples:
+        >>> machine_defaults(4)["distributed_type"], machine_defaults(4)["num_processes"]
+        ('MULTI_GPU', 4)
+        >>> machine_defaults(0)["use_cpu"], machine_defaults(0)["mixed_precision"]
+        (True, 'no')
+    """
+    rows = all_fields()
+    values = {key: rows[key].default for key in DEFAULT_FILE_KEYS}
+    values["num_processes"] = max(gpus, rows["num_processes"].default)
+    values["use_cpu"] = gpus == 0
+    if gpus > 1:
+        values["distributed_type"] = "MULTI_GPU"
+    return values
+
+
 # Written by Accelerate for features x does not offer; accepted so that its files load unchanged.
 IGNORED_KEYS = frozenset(
     {

@@ -208,7 +208,7 @@ def _loader_class() -> type:
                         None,
                         None,
                         f"alias *{event.anchor} is inside the value it names, so it never ends; remove it",
-                        event.start_mark,
+                        event.start_mark,  # type: ignore[arg-type]  # the stubs' two Mark classes; PyYAML's pure loader makes error.Mark
                     )
                 self.aliased = True
                 self._count(size, event.start_mark)

@@ -1,8 +1,9 @@
 """From resolved settings to the exact engine command and the environment it gets.
 
 One process: the interpreter runs the script directly. Several processes or machines:
-``python -m torch.distributed.run`` (torchrun's elastic agent: rendezvous, restarts, failure
-propagation). Inside a SLURM allocation, ``x_launch.slurm_plan`` fills in machines, ranks,
+torchrun's elastic agent (rendezvous, restarts, failure propagation), as
+``python -m x_launch.torchrun``: ``torch.distributed.run`` itself, which also hands its failures
+to x-launch as torch holds them. Inside a SLURM allocation, ``x_launch.slurm_plan`` fills in machines, ranks,
 address and port from SLURM's variables first (and may run the script directly, one srun task
 per rank, or hand over to ``srun``). What the runtime needs travels as ``x_common.env``
 variables. Building a plan imports no torch, so ``--dry-run`` answers at once.
@@ -10,6 +11,7 @@ variables. Building a plan imports no torch, so ``--dry-run`` answers at once.
 
 from __future__ import annotations
 
+import enum
 import os
 import shlex
 import socket
@@ -25,14 +27,26 @@ from x_launch.config_file import ConfigError
 from x_launch.contract_env import contract_environment
 from x_launch.launch_config import LaunchConfig, Setting
 
-__all__ = ["LaunchPlan", "build_plan"]
+__all__ = ["Engine", "LaunchPlan", "build_plan"]
+
+
+class Engine(str, enum.Enum):
+    """What runs the job: its value is what ``--dry-run`` prints (and equals that string)."""
+
+    PYTHON = "python"  # one process: the interpreter runs the script
+    TORCHRUN = "torchrun"  # torchrun's elastic agent (through ``x_launch.torchrun``)
+    SRUN = "srun"  # SLURM: one x-launch per node, each starting its own engine
+    TORCH_XLA = "torch_xla"  # torch_xla's launcher, one process per TPU device
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
 class LaunchPlan:
     argv: list[str]
     env: dict[str, str]
-    engine: str  # "python", "torchrun" or "srun" (one x-launch per SLURM node)
+    engine: Engine
     settings: LaunchConfig = field(default_factory=LaunchConfig)
     notes: list[str] = field(default_factory=list)  # how the plan came about, e.g. the SLURM situation
     scratch_logs: str | None = None  # per-rank stderr logs x-launch keeps for a failure report, then removes
@@ -111,7 +125,7 @@ def build_plan(
         )
     if job is not None and job.mode == slurm_plan.SRUN:
         argv = slurm_plan.srun_argv(job, settings, target, module=module, log_dir=log_dir, tee=tee, python=python)
-        return LaunchPlan(argv, {}, "srun", settings, notes)  # the x-launch on each node sets the environment
+        return LaunchPlan(argv, {}, Engine.SRUN, settings, notes)  # the x-launch on each node sets the environment
     if job is not None and every_task_a_rank:
         for asked, what in ((log_dir, "--log_dir"), (settings.max_restarts, "--max_restarts")):
             if asked:
@@ -123,12 +137,12 @@ def build_plan(
             raise ConfigError("--main_process_port 0 cannot work when every srun task is one rank: give a port")
         env_vars.update(slurm_plan.rank_environment(job, settings))
         argv = [*runner, *target]
-        return LaunchPlan(argv, env_vars, "python", settings, notes)
+        return LaunchPlan(argv, env_vars, Engine.PYTHON, settings, notes)
     if job is None:
         _check_counts(settings, environ, gpus)
     if procs == 1 and machines == 1:
         argv = [*runner, *target]
-        return LaunchPlan(argv, env_vars, "python", settings, notes)
+        return LaunchPlan(argv, env_vars, Engine.PYTHON, settings, notes)
     ip, port = settings.main_process_ip, settings.main_process_port
     if machines > 1 and not ip:
         raise ConfigError("a multi-machine launch needs --main_process_ip, the address of machine 0")
@@ -137,7 +151,7 @@ def build_plan(
     host = ip or "127.0.0.1"
     backend = "c10d" if settings.elastic else settings.rdzv_backend  # resolve() refuses static for elastic
     nnodes = f"{settings.min_machines}:{machines}" if settings.elastic else str(machines)
-    argv = [python, "-m", "torch.distributed.run", "--nnodes", nnodes, "--nproc-per-node", str(procs // machines)]
+    argv = [python, "-m", "x_launch.torchrun", "--nnodes", nnodes, "--nproc-per-node", str(procs // machines)]
     # One machine and no port asked for: torchrun's agent binds port 0 itself and keeps it, so two
     # launches started at the same instant cannot pick the same port (a port probed and released
     # here could be taken by the other before torchrun binds it).
@@ -175,7 +189,7 @@ def build_plan(
         argv += ["--log-dir", scratch, "--redirects", "2"]
 
     argv += [*(["--no-python"] if no_python else ["-m"] if module else []), *target]
-    return LaunchPlan(argv, env_vars, "torchrun", settings, notes, scratch_logs=scratch)
+    return LaunchPlan(argv, env_vars, Engine.TORCHRUN, settings, notes, scratch_logs=scratch)
 
 
 def _tpu_plan(
@@ -214,7 +228,7 @@ def _tpu_plan(
     if not env.MASTER_PORT.is_set():
         # torch_xla's rendezvous binds MASTER_PORT, 12355 unless told: a second job on the host would clash.
         env_vars[env.MASTER_PORT.name] = str(settings.main_process_port or _free_port())
-    return LaunchPlan([*argv, *target], env_vars, "torch_xla", settings, notes)
+    return LaunchPlan([*argv, *target], env_vars, Engine.TORCH_XLA, settings, notes)
 
 
 def _physical_cores() -> int:

@@ -115,7 +115,7 @@ def migrate_source(source: str, filename: str = "<source>") -> str:
     for line in lines:
         offsets.append(offsets[-1] + len(line.encode("utf-8")))
     data = source.encode("utf-8")
-    edits = []
+    edits: list[tuple[int, int, bytes]] = []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
@@ -129,8 +129,8 @@ def migrate_source(source: str, filename: str = "<source>") -> str:
         if "\n" in text and _after_on_line(data, end):
             text = "; ".join(new)  # more code after it on the line: keep one line
         edits.append((start, end, text.encode("utf-8")))
-    for start, end, text in sorted(edits, reverse=True):
-        data = data[:start] + text + data[end:]
+    for start, end, replacement in sorted(edits, reverse=True):
+        data = data[:start] + replacement + data[end:]
     return data.decode("utf-8")
 
 

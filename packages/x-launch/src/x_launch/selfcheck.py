@@ -174,7 +174,8 @@ class SelfCheck:
         from torch.utils.data import DataLoader
 
         size = 3 * self.world + 1  # never divides evenly: padding must be dropped again
-        loader = accelerator.prepare(DataLoader(list(range(size)), batch_size=2))
+        # A list is a map-style dataset to torch, which types the argument as Dataset only.
+        loader = accelerator.prepare(DataLoader(list(range(size)), batch_size=2))  # type: ignore[arg-type]
         gathered: list[int] = []
         mine: list[int] = []
         for batch in loader:

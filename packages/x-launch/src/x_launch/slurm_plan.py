@@ -299,13 +299,16 @@ def srun_argv(
     *,
     module: bool,
     log_dir: str | None,
-    tee: bool,
+    tee: bool | str,
     python: str,
 ) -> list[str]:
-    """``srun`` starting one x-launch per node with the same arguments (the ``srun`` situation)."""
+    """``srun`` starting one x-launch per node with the same arguments (the ``srun`` situation).
+
+    ``tee``: ``True`` (both streams) or torchrun's streams (``"0:1,1:2"``), passed on as given.
+    """
     nodes = str(job.nnodes)
     argv = ["srun", "--nodes", nodes, "--ntasks", nodes, "--ntasks-per-node", "1", "--whole", "--kill-on-bad-exit=1"]
     argv += [*_x_launch(python), *forwarded_args(settings)]
     if log_dir:
-        argv += ["--log_dir", log_dir, *(["--tee"] if tee else [])]
+        argv += ["--log_dir", log_dir, *(["--tee"] if tee is True else [f"--tee={tee}"] if tee else [])]
     return [*argv, *(["-m"] if module else []), *target]

@@ -73,7 +73,8 @@ def _pieces(value: Any, limit: int) -> Iterator[str]:
             yield from _pieces(item, limit)
         yield "}"
     elif isinstance(value, (list, tuple, set, frozenset)):
-        opening, closing = {list: "[]", tuple: "()"}.get(type(value), "{}")
+        brackets = {list: "[]", tuple: "()"}.get(type(value), "{}")
+        opening, closing = brackets[0], brackets[1]
         if isinstance(value, (set, frozenset)) and not value:
             yield f"{type(value).__name__}()"
             return

@@ -13,21 +13,21 @@
 
 Names and semantics follow Accelerate's, so code written for it runs after changing imports.
 
-Layout: ``accelerator`` (the facade) and ``configs`` here; ``process/`` (state, cluster
-environments, collectives), ``data/`` (sharded loaders, samplers, ``Sharding``), ``precision/``
-(autocast, fp8, dynamo), ``optim/`` (prepared optimizer and scheduler), ``strategies/`` (behind
-the ``Strategy`` Protocol), ``checkpoint/`` (atomic checkpoints, weight files, RNG) and
-``tracking/`` (experiment trackers); ``memory`` recovers from running out of memory.
-``state_views`` gives Accelerate's ``PartialState``/``AcceleratorState`` as views over one
-accelerator's process state (nothing shared between two), ``utils/`` the ``is_*_available``
-checks and ``patch_environment``, ``launchers/`` ``notebook_launcher``, ``profiling``
-``Accelerator.profile``; ``strategies.fsdp_merge`` Accelerate's FSDP checkpoint functions.
+Layout, in layers (each folder imports only from the ones before it): ``core/`` (configs,
+nested batches, unwrap, RNG state, memory, availability checks), ``io/`` (atomic writes, weight
+files), ``process/`` (state, cluster environments, collectives), ``data/`` (sharded loaders,
+samplers, ``Sharding``), ``precision/`` (autocast, fp8, dynamo), ``optim/`` (prepared optimizer and
+scheduler), ``strategies/`` (behind the ``Strategy`` Protocol; ``select.decide`` picks one),
+``checkpoint/`` (``save_state`` folders), ``tracking/`` (experiment trackers), ``accelerator/`` (the
+facade, and ``PartialState``/``AcceleratorState`` as views over one accelerator's process state:
+nothing shared between two), ``launchers/`` (``notebook_launcher``) and ``utils/`` (Accelerate's
+``accelerate.utils`` names).
 """
 
 from x_runtime._version import __version__
 from x_runtime.accelerator import Accelerator
-from x_runtime.checkpoint.random_state import set_seed, synchronize_rng_states
-from x_runtime.configs import (
+from x_runtime.accelerator.state_views import AcceleratorState, GradientState, PartialState
+from x_runtime.core.configs import (
     AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -40,11 +40,12 @@ from x_runtime.configs import (
     ProjectConfiguration,
     TERecipeKwargs,
 )
+from x_runtime.core.memory import find_executable_batch_size, free_memory, release_memory
+from x_runtime.core.nested import send_to_device
+from x_runtime.core.random_state import set_seed, synchronize_rng_states
 from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
-from x_runtime.data.nested import send_to_device
 from x_runtime.data.samplers import SeedableRandomSampler
 from x_runtime.launchers.notebook import notebook_launcher
-from x_runtime.memory import find_executable_batch_size, free_memory, release_memory
 from x_runtime.optim.local_sgd import LocalSGD
 from x_runtime.precision.dynamo import TorchDynamoPlugin
 from x_runtime.process.collectives import (
@@ -60,11 +61,10 @@ from x_runtime.process.debug import debug_mode, set_debug_mode, verify_operation
 from x_runtime.process.distributed_type import DistributedType
 from x_runtime.process.errors import DistributedOperationException
 from x_runtime.process.logging import get_logger
-from x_runtime.state_views import AcceleratorState, GradientState, PartialState
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
 from x_runtime.strategies.fsdp_merge import load_fsdp_model, merge_fsdp_weights, save_fsdp_model
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
-from x_runtime.utils import *  # noqa: F403 - the is_*_available checks, named once in utils.imports
+from x_runtime.utils import *  # noqa: F403 - the is_*_available checks, named once in core.imports
 from x_runtime.utils import __all__ as _utils_names
 
 __all__ = [

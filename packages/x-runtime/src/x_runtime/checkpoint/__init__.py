@@ -1,14 +1,11 @@
-"""Checkpoints: ``save_state``/``load_state`` folders, model weight files, atomic writes, RNG state.
+"""Checkpoints: ``save_state``/``load_state`` folders.
 
 ``checkpointing`` writes and reads a whole checkpoint folder (the strategy writes model and
-optimizer files); ``naming`` picks the folder (automatic ``checkpoint_<n>`` naming, pruning);
-``model_files`` writes safetensors weights (sharded, ties kept); ``files`` the ``torch.save``
-files; ``atomic`` makes every write all-or-nothing; ``disk_space`` checks free space before a
-save and turns a full disk into one ``DiskFullError``; ``random_state`` seeds and captures the
-generators.
+optimizer files); ``naming`` picks the folder (automatic ``checkpoint_<n>`` naming, pruning).
+The files themselves are written by ``io`` (atomic writes, free space, torch and safetensors
+files) and the generators captured by ``core.random_state``; their names are re-exported here.
 """
 
-from x_runtime.checkpoint.atomic import replace_dir, write_file_atomic
 from x_runtime.checkpoint.checkpointing import (
     MANIFEST,
     CheckpointParts,
@@ -18,16 +15,17 @@ from x_runtime.checkpoint.checkpointing import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from x_runtime.checkpoint.disk_space import DiskFullError
-from x_runtime.checkpoint.files import torch_load, torch_save
-from x_runtime.checkpoint.model_files import (
+from x_runtime.core.random_state import capture_rng_state, restore_rng_state, set_seed, synchronize_rng_states
+from x_runtime.io.atomic import replace_dir, write_file_atomic
+from x_runtime.io.disk_space import DiskFullError
+from x_runtime.io.files import torch_load, torch_save
+from x_runtime.io.model_files import (
     load_state_dict_files,
     load_tensors_file,
     save_object,
     save_state_dict_files,
     save_tensors_file,
 )
-from x_runtime.checkpoint.random_state import capture_rng_state, restore_rng_state, set_seed, synchronize_rng_states
 
 __all__ = [
     "MANIFEST",

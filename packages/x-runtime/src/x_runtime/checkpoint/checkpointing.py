@@ -32,8 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from x_runtime.checkpoint.atomic import partial_dir_for, replace_dir, write_file_atomic
-from x_runtime.checkpoint.disk_space import (
+from x_runtime.core.random_state import capture_rng_state, restore_rng_state
+from x_runtime.io.atomic import partial_dir_for, replace_dir, write_file_atomic
+from x_runtime.io.disk_space import (
     DiskFullError,
     disk_full_while_saving,
     measure_room,
@@ -41,8 +42,7 @@ from x_runtime.checkpoint.disk_space import (
     refuse_if_short,
     tensor_bytes,
 )
-from x_runtime.checkpoint.files import torch_load, torch_save
-from x_runtime.checkpoint.random_state import capture_rng_state, restore_rng_state
+from x_runtime.io.files import torch_load, torch_save
 from x_runtime.process.collectives import gather_object
 
 if TYPE_CHECKING:
@@ -77,7 +77,8 @@ class CheckpointParts:
     dataloaders: list[Any] = field(default_factory=list)
     custom: list[Any] = field(default_factory=list)
     scaler: torch.amp.GradScaler | None = None
-    strategy: Strategy | None = None  # writes and reads model and optimizer files
+    # Writes and reads the model and optimizer files; required (keyword-only, after the defaulted lists).
+    strategy: Strategy = field(kw_only=True)
 
     def owner(self, optimizer: Any) -> torch.nn.Module | None:
         """The model whose parameters ``optimizer`` updates (sharded strategies need the pair)."""

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from x_runtime.checkpoint.checkpointing import latest_checkpoint, prune_checkpoints
-from x_runtime.configs import ProjectConfiguration
+from x_runtime.core.configs import ProjectConfiguration
 
 __all__ = ["checkpoints_root", "load_source", "note_loaded", "note_saved", "save_target"]
 

@@ -1,16 +1,17 @@
-"""Data: prepared (sharded, resumable) loaders, the samplers under them, and nested batches.
+"""Data: prepared (sharded, resumable) loaders and the samplers under them.
 
 ``data_loader`` prepares a loader (``prepare_data_loader``, ``skip_first_batches``, the
 ``LoaderSpec`` strategies build from); ``loaders`` holds the two prepared classes; ``samplers``
 and ``steps`` deal indices and batches out to the ranks as one ``Sharding`` says;
-``nested`` walks batches; ``gradient_state`` is where loaders report the end of an epoch to the
+``gradient_state`` is where loaders report the end of an epoch to the
 optimizer, scheduler and ``gather_for_metrics`` (it lives here because the loaders feed it).
+``send_to_device`` (``core.nested``) is re-exported.
 """
 
+from x_runtime.core.nested import send_to_device
 from x_runtime.data.data_loader import LoaderSpec, prepare_data_loader, prepare_sharded_loader, skip_first_batches
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.data.loaders import DataLoaderDispatcher, DataLoaderShard
-from x_runtime.data.nested import send_to_device
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, check_split
 from x_runtime.data.sharding import Sharding
 from x_runtime.data.steps import BatchOps, global_steps, rank_batch_count

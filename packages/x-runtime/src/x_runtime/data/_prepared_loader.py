@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from x_runtime.core.nested import concat_batches, find_batch_size, send_to_device, slice_batch
 from x_runtime.data._position import _Cursor, _EpochCounter
 from x_runtime.data.epoch_rng import EpochRandomness
 from x_runtime.data.gradient_state import GradientState
-from x_runtime.data.nested import concat_batches, find_batch_size, send_to_device, slice_batch
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, check_split
 from x_runtime.data.sharding import Sharding
 from x_runtime.data.steps import BatchOps, global_steps, rank_batch_count
@@ -114,7 +114,7 @@ class _PreparedLoader(DataLoader):
     # assigns (its iterators rely on ``sampler``) but show users the per-process batch size and the
     # real sampler, not the placeholder DataLoader makes when handed a batch sampler.
     @property
-    def batch_size(self) -> int | None:  # type: ignore[override]
+    def batch_size(self) -> int | None:
         """Samples per batch on this process."""
         size = self.__dict__.get("_underlying_batch_size", self.__dict__.get("_raw_batch_size"))
         if size is not None and self.__dict__.get("split_batches"):
@@ -126,7 +126,7 @@ class _PreparedLoader(DataLoader):
         self.__dict__["_raw_batch_size"] = value
 
     @property
-    def sampler(self) -> Any:  # type: ignore[override]
+    def sampler(self) -> Any:
         exposed = self.__dict__["_exposed_sampler"]
         return exposed if exposed is not None else self.__dict__["_raw_sampler"]
 
@@ -255,6 +255,7 @@ class _PreparedLoader(DataLoader):
 
     def _rank_length(self) -> int:
         """Batches this process yields in a whole epoch."""
+        samples: int | None  # unknown for a sampler without a length
         if self._iterable:
             samples = len(self.dataset)  # type: ignore[arg-type]
             size = self._underlying_batch_size
@@ -314,7 +315,8 @@ class _PreparedLoader(DataLoader):
         self.remainder = -1
         if self._dataset_set_epoch is not None:
             self._dataset_set_epoch(epoch)
-        move, device, non_blocking = self._move, self.device, self.non_blocking
+        # Batches move only to a device other than the CPU (``_move``); None leaves them where loaded.
+        device, non_blocking = (self.device if self._move else None), self.non_blocking
         # Across processes with uneven batches "the last global step" has no single size.
         uneven = self.num_processes > 1 and not self.even_batches
         self.gradient_state._add_dataloader(self)
@@ -328,7 +330,7 @@ class _PreparedLoader(DataLoader):
                 current = next(iterator, _END)
                 rng.started()
                 if current is not _END:
-                    if move:
+                    if device is not None:
                         current = send_to_device(current, device, non_blocking=non_blocking)
                     # One batch of look-ahead: the last batch is known before it is handed out,
                     # and moving a batch overlaps with fetching the next one.
@@ -336,7 +338,11 @@ class _PreparedLoader(DataLoader):
                         position += 1
                         cursor.position = position
                         yield current
-                        current = send_to_device(upcoming, device, non_blocking=non_blocking) if move else upcoming
+                        current = (
+                            send_to_device(upcoming, device, non_blocking=non_blocking)
+                            if device is not None
+                            else upcoming
+                        )
                     self.remainder = -1 if uneven else self._last_remainder(current)
                     self.end_of_dataloader = True
                     cursor.position, cursor.done = position + 1, True
@@ -346,7 +352,7 @@ class _PreparedLoader(DataLoader):
                     if last:
                         self.remainder = -1 if uneven else real
                         self.end_of_dataloader = True
-                    if move:
+                    if device is not None:
                         batch = send_to_device(batch, device, non_blocking=non_blocking)
                     position += 1
                     cursor.position, cursor.done = position, last

@@ -84,7 +84,7 @@ class EpochRandomness:
             generator.manual_seed(_mix_seed(seed or 0, epoch) ^ _WORKER_SEED_SALT)
             loader.generator = generator
         if self._shared is not None:
-            from x_runtime.checkpoint.random_state import synchronize_rng_states
+            from x_runtime.core.random_state import synchronize_rng_states
 
             synchronize_rng_states(["generator"], generator=self._shared)
         self._start_states = [_encode(g.get_state()) for g in self._user]

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from x_runtime.core.nested import apply
 from x_runtime.data._prepared_loader import _PreparedLoader
-from x_runtime.data.nested import apply
 from x_runtime.data.samplers import BatchSamplerShard, SkipBatchSampler
 from x_runtime.data.sharding import Sharding
 
@@ -53,7 +53,9 @@ class DataLoaderShard(_PreparedLoader):
         self._shard: BatchSamplerShard | None = None
         if not self._iterable:
             # What skips batches: a SkipBatchSampler, or the shard itself when nothing is skipped.
-            self._skipper = self.batch_sampler if self._auto else self.__dict__["_raw_sampler"]
+            source = self.batch_sampler if self._auto else self.__dict__["_raw_sampler"]
+            # _sharded_sampling put one of these there (in ``sampler`` when batching is off).
+            self._skipper = cast("SkipBatchSampler | BatchSamplerShard", source)
             inner = self._skipper.batch_sampler if isinstance(self._skipper, SkipBatchSampler) else self._skipper
             self._shard = inner if isinstance(inner, BatchSamplerShard) else None
         self._fast = not self._iterable or self.num_processes == 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSampler
@@ -22,6 +22,9 @@ from torch.utils.data import BatchSampler, RandomSampler, Sampler, SequentialSam
 from x_runtime.data.rank_share import rank_share
 from x_runtime.data.sharding import Sharding
 from x_runtime.data.steps import global_steps, rank_batch_count
+
+if TYPE_CHECKING:
+    from x_runtime.process.shared_int import SharedInt
 
 __all__ = [
     "BatchSamplerShard",
@@ -71,6 +74,8 @@ class SeedableRandomSampler(RandomSampler):
         True
     """
 
+    _seed: int | SharedInt  # a SharedInt until its broadcast is first read
+
     def __init__(
         self,
         data_source: Sized,
@@ -79,10 +84,10 @@ class SeedableRandomSampler(RandomSampler):
         generator: torch.Generator | None = None,
         *,
         data_seed: int | None = None,
-        seed: int | None = None,
+        seed: int | SharedInt | None = None,
         epoch: int = 0,
     ) -> None:
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)  # type: ignore[arg-type]
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
         chosen = data_seed if data_seed is not None else seed
         self.seed = chosen if chosen is not None else torch.initial_seed()
         self.epoch = int(epoch)

@@ -41,9 +41,9 @@ import torch
 import torch.distributed as dist
 
 from x_common import env
+from x_runtime.core.environment import patch_environment
+from x_runtime.core.imports import is_cuda_available
 from x_runtime.process.peer_exit import mark_returned
-from x_runtime.utils.environment import patch_environment
-from x_runtime.utils.imports import is_cuda_available
 
 __all__ = ["notebook_launcher"]
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from x_runtime.data import nested
+from x_runtime.core import nested
 from x_runtime.data.gradient_state import GradientState
 
 __all__ = ["AcceleratedOptimizer"]
@@ -46,7 +46,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             optimizer.load_state_dict(nested.send_to_device(optimizer.state_dict(), device))
 
     @property
-    def state(self) -> Any:  # type: ignore[override]
+    def state(self) -> Any:
         return self.optimizer.state
 
     @state.setter
@@ -54,7 +54,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.state = value
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
     @param_groups.setter
@@ -62,7 +62,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer.param_groups = value
 
     @property
-    def defaults(self) -> dict[str, Any]:  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
         return self.optimizer.defaults
 
     @defaults.setter

@@ -9,7 +9,7 @@ keys and checkpoints stay exactly as without compilation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -65,8 +65,7 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
 
     def visit(module: torch.nn.Module) -> None:
         for child in module.children():
-            kinds = {type(c) for c in child.children()} if isinstance(child, torch.nn.ModuleList) else set()
-            if len(kinds) == 1 and len(child) > 1:
+            if isinstance(child, torch.nn.ModuleList) and len({type(c) for c in child}) == 1 and len(child) > 1:
                 blocks.extend(child)
             else:
                 visit(child)
@@ -84,7 +83,8 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn
     if not plugin.enabled:
         return model
     if not plugin.use_regional_compilation:
-        return torch.compile(model, **plugin.compile_kwargs())
+        # torch types compile() for functions; given a Module it returns one (an OptimizedModule).
+        return cast(torch.nn.Module, torch.compile(model, **plugin.compile_kwargs()))
     blocks = repeated_blocks(model)
     if not blocks:
         raise ValueError(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from x_runtime.configs import AORecipeKwargs, TERecipeKwargs
+from x_runtime.core.configs import AORecipeKwargs, TERecipeKwargs
 
 __all__ = ["AORecipeKwargs", "TERecipeKwargs", "apply_fp8", "check_fp8", "fp8_recipe", "fp8_recipe_for"]
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from x_common.env import MIXED_PRECISIONS
-from x_runtime.data import nested
+from x_runtime.core import nested
 
 __all__ = ["Precision", "convert_to_fp32", "unwrap_forward"]
 
@@ -72,7 +72,7 @@ class Precision:
     def enabled(self) -> bool:
         return self.dtype is not None
 
-    def autocast(self, *, enabled: bool | None = None, **overrides: Any) -> contextlib.AbstractContextManager:
+    def autocast(self, *, enabled: bool | None = None, **overrides: Any) -> contextlib.AbstractContextManager[Any]:
         """Autocast context for this policy (a no-op when mixed precision is off)."""
         on = self.enabled and (self.autocast_enabled if enabled is None else enabled)
         if not on:
@@ -96,7 +96,7 @@ class Precision:
             return convert_to_fp32(output)
 
         model._x_original_forward = original  # type: ignore[assignment]
-        model.forward = forward  # type: ignore[method-assign]
+        model.forward = forward
 
 
 def unwrap_forward(model: torch.nn.Module) -> None:
@@ -107,7 +107,7 @@ def unwrap_forward(model: torch.nn.Module) -> None:
     if getattr(original, "__self__", None) is model and original.__func__ is type(model).forward:  # type: ignore[attr-defined]
         model.__dict__.pop("forward", None)
     else:
-        model.forward = original  # type: ignore[method-assign]
+        model.forward = original
 
 
 def convert_to_fp32(data: Any) -> Any:

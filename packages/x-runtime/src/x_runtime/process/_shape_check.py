@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from x_runtime.data.nested import apply, is_namedtuple
+from x_runtime.core.nested import apply, is_namedtuple
 from x_runtime.process.errors import DistributedOperationException
 
 # A tensor all_gather costs about a sixth of an all_gather_object on gloo (pickling plus two
@@ -204,7 +204,8 @@ def _by_rank(values: Any) -> str:
         groups.setdefault(value, []).append(r)
     parts = []
     for value, ranks in groups.items():
-        spans, start = [], ranks[0]
+        spans: list[str] = []
+        start: int | None = ranks[0]  # None past the last rank, where the loop ends
         for prev, cur in zip(ranks, [*ranks[1:], None], strict=True):
             if cur != prev + 1:
                 spans.append(str(start) if start == prev else f"{start}-{prev}")

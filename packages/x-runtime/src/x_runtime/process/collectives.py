@@ -1,7 +1,7 @@
 """Collectives over nested batches: gather, pad, reduce and broadcast across processes.
 
 Every function works on the default ``torch.distributed`` process group and takes the same nested
-containers as :mod:`x_runtime.data.nested` (tensors inside lists, tuples, named tuples, dicts). When
+containers as :mod:`x_runtime.core.nested` (tensors inside lists, tuples, named tuples, dicts). When
 ``torch.distributed`` is not initialized, or the world has one process, they return what a
 one-process world would return, so the same script runs with and without a launcher.
 
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from x_runtime.data.nested import apply
+from x_runtime.core.nested import apply
 from x_runtime.process._gather_fold import gather_tensors
 from x_runtime.process._shape_check import (
     _by_rank,
@@ -300,7 +300,7 @@ def barrier() -> None:
     if dist.get_backend() == "xla":  # the xla backend's barrier returns at once
         import torch_xla.core.xla_model as xm
 
-        from x_runtime.checkpoint.random_state import keep_xla_rng
+        from x_runtime.core.random_state import keep_xla_rng
 
         with keep_xla_rng():  # rendezvous cuts the graph
             xm.rendezvous("x_runtime.barrier")

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from x_common import env
-from x_runtime.data.nested import is_namedtuple
+from x_runtime.core.nested import is_namedtuple
 from x_runtime.process.errors import DistributedOperationException
 
 __all__ = ["DistributedOperationException", "debug_mode", "set_debug_mode", "verify_operation"]

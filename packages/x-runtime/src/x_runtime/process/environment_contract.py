@@ -1,6 +1,7 @@
 """What an accelerator asks of a cluster environment, and what the environment answers.
 
-``Request`` carries the accelerator's arguments and the launcher's variables, read once;
+``Request`` carries the accelerator's arguments and the launcher's variables, read once, with the
+``GroupOptions`` the strategy's choice made;
 ``Placement`` is where an environment put this process, the stuff a ``ProcessState`` is made of;
 ``ClusterEnvironment`` is the two methods every environment has. The environments themselves are
 in ``environments`` (torchrun, SLURM, one process) and ``xla_environment``.
@@ -18,7 +19,19 @@ import torch
 from x_common import env
 from x_common.process_env import ProcessEnv, process_env
 
-__all__ = ["ClusterEnvironment", "Placement", "Request"]
+__all__ = ["ClusterEnvironment", "GroupOptions", "Placement", "Request"]
+
+
+@dataclass(frozen=True)
+class GroupOptions:
+    """How this process joins torch's process group: the code's ``InitProcessGroupKwargs`` and what the
+    chosen strategy needs. Built once, by ``strategies.select.decide``; the environments read it."""
+
+    backend: str | None = None
+    init_method: str | None = None
+    timeout: timedelta | None = None
+    sharded: bool = False  # FSDP or DeepSpeed runs: join a group even for a world of one a launcher started
+    cpu_collectives: bool = False  # FSDP keeps tensors on the CPU: a gloo side beside NCCL/XCCL
 
 
 @dataclass(frozen=True)
@@ -27,33 +40,21 @@ class Request:
 
     environ: Mapping[str, str] | None
     where: ProcessEnv  # torch's or SLURM's variables (x_common.process_env)
-    asked: str | None  # the launcher's distributed_type
+    asked: str | None  # the launcher's distributed_type (XLA is the environment's to answer)
     cpu: bool
-    backend: str | None = None
-    init_method: str | None = None
-    timeout: timedelta | None = None
-    sharded: bool = False  # a sharding plugin was given in code
-    cpu_collectives: bool = False  # FSDP keeps tensors on the CPU: a gloo side beside NCCL/XCCL
+    group: GroupOptions = GroupOptions()
 
     @classmethod
     def read(
-        cls,
-        *,
-        cpu: bool = False,
-        backend: str | None = None,
-        init_method: str | None = None,
-        timeout: timedelta | None = None,
-        environ: Mapping[str, str] | None = None,
-        sharded: bool = False,
-        cpu_collectives: bool = False,
+        cls, *, cpu: bool = False, group: GroupOptions | None = None, environ: Mapping[str, str] | None = None
     ) -> Request:
         where = process_env(environ)
         asked = env.DISTRIBUTED_TYPE.read(environ)
         cpu = cpu or bool(env.USE_CPU.read(environ))
-        return cls(environ, where, asked, cpu, backend, init_method, timeout, sharded, cpu_collectives)
+        return cls(environ, where, asked, cpu, group or GroupOptions())
 
     def group_timeout(self) -> timedelta:
-        return self.timeout or timedelta(seconds=env.PROCESS_GROUP_TIMEOUT.read(self.environ))
+        return self.group.timeout or timedelta(seconds=env.PROCESS_GROUP_TIMEOUT.read(self.environ))
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ the order, and the order is the precedence:
 3. ``SlurmEnvironment``: ``srun python train.py`` without a launcher; the rendezvous is the first
    host of the node list and a port derived from the job id.
 4. ``SingleEnvironment``: everything else, one process; it joins a group (of one, through an
-   in-process store) only when ``x-launch`` asked for FSDP or DeepSpeed.
+   in-process store) only when ``x-launch`` started it for FSDP or DeepSpeed (``GroupOptions.sharded``).
 
 torch's and SLURM's variables are read once, by ``x_common.process_env`` (torch's first, as the
 order above), whatever environment is chosen, so a malformed variable is always reported.
@@ -33,9 +33,9 @@ import torch.distributed as dist
 
 from x_common import env
 from x_common.process_env import ProcessEnv
-from x_runtime.process.distributed_type import SHARDED, DistributedType
+from x_runtime.process.distributed_type import DistributedType
 from x_runtime.process.elastic_rendezvous import attempt_rendezvous
-from x_runtime.process.environment_contract import ClusterEnvironment, Placement, Request
+from x_runtime.process.environment_contract import ClusterEnvironment, GroupOptions, Placement, Request
 from x_runtime.process.join_group import join_group
 from x_runtime.process.peer_exit import await_peers
 from x_runtime.process.xla_environment import XLAEnvironment, import_torch_xla
@@ -43,6 +43,7 @@ from x_runtime.process.xla_environment import XLAEnvironment, import_torch_xla
 __all__ = [
     "ENVIRONMENTS",
     "ClusterEnvironment",
+    "GroupOptions",
     "Placement",
     "Request",
     "SingleEnvironment",
@@ -68,7 +69,7 @@ class _TorchEnvironment:
         return True
 
     def rendezvous(self, request: Request) -> str | None:
-        return request.init_method or attempt_rendezvous(request.environ)
+        return request.group.init_method or attempt_rendezvous(request.environ)
 
     def in_process(self, request: Request) -> bool:
         return False
@@ -77,8 +78,9 @@ class _TorchEnvironment:
         where = request.where
         device = _pick_device(request.cpu, where.local_rank)
         launched = self.launched(request)
-        joins = where.is_distributed or ((request.sharded or request.asked in SHARDED) and launched)
-        backend = (request.backend or _default_backend(device, request.cpu_collectives)) if joins else None
+        joins = where.is_distributed or (request.group.sharded and launched)
+        group = request.group
+        backend = (group.backend or _default_backend(device, group.cpu_collectives)) if joins else None
         owns = False
         if joins and not dist.is_initialized() and env.NOTEBOOK_WORKER.read(request.environ):
             await_peers(request.environ, where.rank, where.world_size, request.group_timeout())
@@ -120,8 +122,8 @@ class SlurmEnvironment(_TorchEnvironment):
     name = "slurm"
 
     def rendezvous(self, request: Request) -> str | None:
-        if request.init_method is not None:
-            return request.init_method
+        if request.group.init_method is not None:
+            return request.group.init_method
         where = request.where
         if where.master_port is None:
             raise ValueError(f"under SLURM without {env.SLURM_JOB_ID.name}, set {env.MASTER_PORT.name}")
@@ -141,7 +143,7 @@ class SingleEnvironment(_TorchEnvironment):
         return bool(env.LAUNCHED_BY_X.read(request.environ))
 
     def in_process(self, request: Request) -> bool:
-        return request.init_method is None
+        return request.group.init_method is None
 
 
 # The precedence, first match wins: see the module docstring for why in this order.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch
 
@@ -69,7 +69,9 @@ def _split(inputs: Any, parts: int, index: int, apply_padding: bool) -> Any:
         lengths = {len(value) for value in inputs.values()}
         if len(lengths) > 1:
             raise ValueError(f"split_between_processes: dict values differ in length ({sorted(lengths)})")
-        return type(inputs)({k: _split(v, parts, index, apply_padding) for k, v in inputs.items()})
+        # Mapping declares no constructor; the concrete type (dict, OrderedDict, ...) is built from a dict.
+        rebuild = cast("Callable[[dict[Any, Any]], Any]", type(inputs))
+        return rebuild({k: _split(v, parts, index, apply_padding) for k, v in inputs.items()})
     length = len(inputs)
     start, stop = share_bounds(length, parts, index)
     longest = -(-length // parts)

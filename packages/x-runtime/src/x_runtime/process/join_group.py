@@ -52,7 +52,7 @@ def join_group(
         torch.cuda.set_device(device)
     if in_process:
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-    elif assign_ranks and rank is not None:
+    elif assign_ranks and rank is not None and world_size is not None:  # given together (see Args)
         dist.init_process_group(
             backend=backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
         )

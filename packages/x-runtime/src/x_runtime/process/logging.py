@@ -67,8 +67,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         rank, world = _rank_and_world()
         if main_process_only and rank != 0:
             return
-        msg, kwargs = self.process(self._prefix(msg, rank, world), kwargs)
-        self.logger.log(level, msg, *args, **kwargs)
+        msg, processed = self.process(self._prefix(msg, rank, world), kwargs)
+        self.logger.log(level, msg, *args, **processed)
 
     def _log_in_order(self, level: int, msg: Any, args: tuple[Any, ...], kwargs: MutableMapping[str, Any]) -> None:
         rank, world = _rank_and_world()

@@ -1,4 +1,4 @@
-"""``Accelerator.preemption_requested``: the job was asked to stop, agreed by every rank at one step.
+"""The job was asked to stop, agreed by every rank at one step (``Accelerator.preemption_requested``).
 
 x-launch, when it gets a preemption signal (``--preemption_signals``, SLURM's
 ``--signal=USR1@N`` or ``scancel --signal=USR1``), creates the marker file named by
@@ -44,7 +44,7 @@ import torch.distributed as dist
 
 from x_common import env
 
-__all__ = ["PreemptionMethods", "PreemptionWatch", "signal_numbers"]
+__all__ = ["PreemptionWatch", "signal_numbers"]
 
 _CALIBRATE = 8  # accesses that each post an all-reduce before the interval is agreed
 _PERIOD_S = 0.25  # aimed time between two all-reduces once it is
@@ -172,25 +172,3 @@ class PreemptionWatch:
         slowest = torch.tensor([max(1, int(per_access_us))], dtype=torch.int64)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=self._group)
         return max(1, min(_MAX_INTERVAL, math.floor(_PERIOD_S * 1e6 / int(slowest.item()))))
-
-
-class PreemptionMethods:
-    """The ``Accelerator``'s ``preemption_requested`` (a mixin of the facade)."""
-
-    state: Any
-
-    @property
-    def preemption_requested(self) -> bool:
-        """Whether the job was asked to stop; True on every rank at the same access.
-
-        Read it once per step on every rank; when True, save and leave the loop::
-
-            if accelerator.preemption_requested:
-                accelerator.save_state()
-                break
-        """
-        watch = self.__dict__.get("_preemption")
-        if watch is None:
-            watch = PreemptionWatch.from_environment(self.state.num_processes)
-            self.__dict__["_preemption"] = watch
-        return watch.requested()

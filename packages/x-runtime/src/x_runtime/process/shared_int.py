@@ -24,13 +24,15 @@ class SharedInt:
     """``from_process``'s integer once the broadcast has arrived: ``result()`` waits for it once."""
 
     def __init__(self, box: torch.Tensor, work: Any) -> None:
-        self._box, self._work = box, work
+        self._box: torch.Tensor | None = box  # released once the value is read
+        self._work = work
         self._value: int | None = None
 
     def result(self) -> int:
         if self._value is None:
             if self._work is not None:
                 self._work.wait()
+            assert self._box is not None  # released only together with setting _value
             self._value = int(self._box.item())
             self._box = self._work = None
         return self._value

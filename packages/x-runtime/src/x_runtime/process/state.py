@@ -12,14 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from x_runtime.process.collectives import barrier
 from x_runtime.process.distributed_type import DistributedType
-from x_runtime.process.environments import Request, locate
+from x_runtime.process.environments import GroupOptions, Request, locate
 
 __all__ = ["DistributedType", "ProcessState"]
 
@@ -41,38 +40,22 @@ class ProcessState:
 
     @classmethod
     def from_environment(
-        cls,
-        *,
-        cpu: bool = False,
-        backend: str | None = None,
-        init_method: str | None = None,
-        timeout: timedelta | None = None,
-        environ: Mapping[str, str] | None = None,
-        sharded: bool = False,
-        cpu_collectives: bool = False,
+        cls, *, cpu: bool = False, group: GroupOptions | None = None, environ: Mapping[str, str] | None = None
     ) -> ProcessState:
         """Read the environment, pick the device, and join the process group when distributed.
 
-        ``sharded`` (a sharding plugin was given) joins a process group even for a world of
-        one started by a launcher, as the launcher's FSDP/DEEPSPEED choice does;
-        ``cpu_collectives`` (FSDP with CPU offload or full state dicts) makes the default GPU
-        backend carry CPU tensors too (``"cuda:nccl,cpu:gloo"``). XLA (the
-        launcher's choice, or ``PJRT_DEVICE`` set as torch_xla users do) takes rank, world and
-        device from the XLA runtime instead (``xla_environment.XLAEnvironment``).
+        ``group`` (``strategies.select.decide`` makes it) says how: the code's backend,
+        rendezvous and timeout; ``sharded`` joins a process group even for a world of one started
+        by a launcher, as FSDP and DeepSpeed need; ``cpu_collectives`` (FSDP with CPU offload or
+        full state dicts) makes the default GPU backend carry CPU tensors too
+        (``"cuda:nccl,cpu:gloo"``). XLA (the launcher's choice, or ``PJRT_DEVICE`` set as
+        torch_xla users do) takes rank, world and device from the XLA runtime instead
+        (``xla_environment.XLAEnvironment``).
 
         Raises:
             ValueError: a launcher variable is malformed, or XLA was asked without torch_xla.
         """
-        request = Request.read(
-            cpu=cpu,
-            backend=backend,
-            init_method=init_method,
-            timeout=timeout,
-            environ=environ,
-            sharded=sharded,
-            cpu_collectives=cpu_collectives,
-        )
-        placement = locate(request)
+        placement = locate(Request.read(cpu=cpu, group=group, environ=environ))
         return cls(**{f.name: getattr(placement, f.name) for f in fields(placement)})
 
     @property

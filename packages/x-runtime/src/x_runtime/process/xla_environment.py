@@ -71,10 +71,10 @@ class XLAEnvironment:
         timeout = request.group_timeout()
         if request.cpu:
             raise ValueError(f"{flag} asks for an XLA device but cpu=True was passed: drop one of them")
-        if request.backend not in (None, "xla"):
-            raise ValueError(f"{flag}: XLA replicas talk through the 'xla' backend, not {request.backend!r}")
+        if request.group.backend not in (None, "xla"):
+            raise ValueError(f"{flag}: XLA replicas talk through the 'xla' backend, not {request.group.backend!r}")
         torch_xla = import_torch_xla()
-        init_method = request.init_method or "xla://"
+        init_method = request.group.init_method or "xla://"
         joined = False
         if dist.is_torchelastic_launched() and not dist.is_initialized():
             # Under torchrun, torch_xla binds each process to its own device inside the xla://

@@ -5,18 +5,19 @@
 ``defaults`` is plain PyTorch's answer to every hook, mixed into the strategies: ``ddp`` (also
 single-process), ``fsdp`` (FSDP2 ``fully_shard``, options in ``fsdp_plugin``), ``deepspeed``
 (options in ``deepspeed_plugin``) and ``xla`` (torch_xla replicas, fed by ``xla_loader``).
-``select`` picks one; ``param_moves`` points optimizers built before ``prepare`` at parameters a
-strategy replaced (strategy bookkeeping: FSDP and XLA replace parameters); ``unwrap`` finds the
-user's model inside the wrappers.
+``select`` decides which one runs and how the process group is joined (the one place that does);
+``param_moves`` points optimizers built before ``prepare`` at parameters a strategy replaced
+(strategy bookkeeping: FSDP and XLA replace parameters). ``unwrap_model`` (``core.unwrap``) finds
+the user's model inside the wrappers.
 """
 
+from x_runtime.core.unwrap import unwrap_model
 from x_runtime.strategies.base import Replacements, Strategy
 from x_runtime.strategies.ddp import DDPStrategy
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
 from x_runtime.strategies.defaults import StrategyDefaults
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
-from x_runtime.strategies.select import asked_strategy, choose_strategy
-from x_runtime.strategies.unwrap import unwrap_model
+from x_runtime.strategies.select import StrategyChoice, decide
 
 __all__ = [
     "DDPStrategy",
@@ -24,8 +25,8 @@ __all__ = [
     "FullyShardedDataParallelPlugin",
     "Replacements",
     "Strategy",
+    "StrategyChoice",
     "StrategyDefaults",
-    "asked_strategy",
-    "choose_strategy",
+    "decide",
     "unwrap_model",
 ]

@@ -45,7 +45,12 @@ class Replacements:
 class Strategy(Protocol):
     """How the prepared model is distributed: the hooks the accelerator (and checkpointing) call."""
 
-    distributed_type: str | None  # None keeps what the process state inferred
+    # Read-only (a property), so a strategy fixed to one type may declare it as plain ``str``.
+    @property
+    def distributed_type(self) -> str | None:
+        """The type this strategy runs as; None keeps what the process state inferred."""
+        ...
+
     scales_loss_for_accumulation: bool  # True: backward divides by the accumulation steps itself
 
     # --- prepare -----------------------------------------------------------------------------
@@ -104,10 +109,14 @@ class Strategy(Protocol):
         """
         ...
 
-    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None: ...
+    def load_model_files(
+        self, folder: Path, name: str, model: torch.nn.Module, record: dict[str, Any], strict: bool
+    ) -> None: ...
 
     def save_optimizer_files(
         self, folder: Path, name: str, optimizer: Any, model: Any, *, writer: bool
     ) -> dict[str, Any]: ...
 
-    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None: ...
+    def load_optimizer_files(
+        self, folder: Path, name: str, optimizer: Any, model: Any, record: dict[str, Any]
+    ) -> None: ...

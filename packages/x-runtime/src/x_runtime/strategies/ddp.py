@@ -8,7 +8,7 @@ wrapper when one was asked (``DistributedDataParallelKwargs(comm_hook=...)``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -28,7 +28,7 @@ class DDPStrategy(StrategyDefaults):
         state: ProcessState,
         *,
         ddp_kwargs: dict[str, Any] | None = None,
-        comm_hook: tuple[str, str, dict] | None = None,
+        comm_hook: tuple[str, str, dict[str, Any]] | None = None,
     ):
         self.state = state
         self.ddp_kwargs = dict(ddp_kwargs or {})
@@ -51,7 +51,7 @@ class DDPStrategy(StrategyDefaults):
             yield
 
 
-def register_comm_hook(model: DistributedDataParallel, hook: str, wrapper: str, state_options: dict) -> None:
+def register_comm_hook(model: DistributedDataParallel, hook: str, wrapper: str, state_options: dict[str, Any]) -> None:
     """Register torch's ``hook`` ("fp16", "bf16", "power_sgd", "batched_power_sgd") on ``model``.
 
     ``wrapper`` ("fp16"/"bf16", or "no") compresses what the hook sends; PowerSGD hooks get a
@@ -59,7 +59,8 @@ def register_comm_hook(model: DistributedDataParallel, hook: str, wrapper: str, 
     """
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    hooks = {
+    # Annotated: each hook takes (state or process group, bucket); the inferred join is a bare function.
+    hooks: dict[str, Callable[[Any, torch.distributed.GradBucket], torch.futures.Future[torch.Tensor]]] = {
         "fp16": default_hooks.fp16_compress_hook,
         "bf16": default_hooks.bf16_compress_hook,
         "power_sgd": powerSGD_hook.powerSGD_hook,

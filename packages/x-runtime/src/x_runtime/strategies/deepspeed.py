@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ from x_runtime.strategies.defaults import StrategyDefaults
 __all__ = ["DeepSpeedStrategy", "fill_auto_values"]
 
 _INSTALL = "pip install 'x-runtime[deepspeed]'"
-_HIDDEN_AUTO = {
+_HIDDEN_AUTO: dict[str, Callable[[int], int]] = {
     "reduce_bucket_size": lambda h: h * h,
     "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
     "stage3_param_persistence_threshold": lambda h: 10 * h,
@@ -140,6 +140,7 @@ class DeepSpeedStrategy(StrategyDefaults):
     # --- weights -----------------------------------------------------------------------------
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         engine = self._find_engine(model)
+        assert self.plugin.zero_stage is not None  # DeepSpeedPlugin.__post_init__ always sets the stage
         if engine is None or self.plugin.zero_stage < 3:
             return (engine.module if engine is not None else model).state_dict()
         import deepspeed
@@ -165,7 +166,9 @@ class DeepSpeedStrategy(StrategyDefaults):
         self._engine_of(model).save_checkpoint(str(folder / f"{name}_deepspeed"), tag="state")
         return {"layout": "deepspeed", "strategy": "DEEPSPEED", "zero_stage": self.plugin.zero_stage}
 
-    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
+    def load_model_files(
+        self, folder: Path, name: str, model: torch.nn.Module, record: dict[str, Any], strict: bool
+    ) -> None:
         if record.get("layout") != "deepspeed":
             raise ValueError(
                 f"{folder} holds {record.get('layout', 'full')} weights, not a DeepSpeed engine checkpoint; "
@@ -183,7 +186,7 @@ class DeepSpeedStrategy(StrategyDefaults):
     ) -> dict[str, Any]:
         return {"layout": "deepspeed", "strategy": "DEEPSPEED"}  # inside the engine's checkpoint
 
-    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:
+    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict[str, Any]) -> None:
         return None
 
 
@@ -262,6 +265,7 @@ def fill_auto_values(
 def _hidden_size(model: torch.nn.Module) -> int | None:
     config = getattr(model, "config", None)
     size = getattr(config, "hidden_size", None)
-    if size is None and getattr(config, "hidden_sizes", None):
-        size = max(config.hidden_sizes)
+    sizes = getattr(config, "hidden_sizes", None)
+    if size is None and sizes:
+        size = max(sizes)
     return int(size) if size is not None else None

@@ -83,7 +83,8 @@ class DeepSpeedPlugin:
         if source is None:
             return {}
         if isinstance(source, dict):
-            return json.loads(json.dumps(source))  # a deep copy: "auto" values are filled in place
+            copied: dict[str, Any] = json.loads(json.dumps(source))  # a deep copy: "auto" values are filled in place
+            return copied
         path = Path(source)
         if not path.is_file():
             raise ValueError(f"DeepSpeed config {path} does not exist; give a JSON file or a dict")

@@ -9,14 +9,14 @@ wrapper to this; FSDP, DeepSpeed and XLA override what they do differently.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from x_runtime.checkpoint.files import torch_load, torch_save
-from x_runtime.checkpoint.model_files import load_tensors_file, save_tensors_file
+from x_runtime.io.files import torch_load, torch_save
+from x_runtime.io.model_files import load_tensors_file, save_tensors_file
 from x_runtime.strategies.base import Replacements
 
 if TYPE_CHECKING:
@@ -52,10 +52,11 @@ class StrategyDefaults:
 
     # --- the step ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, scaler: torch.amp.GradScaler | None, **kwargs: Any) -> None:
+        # torch's Tensor.backward has no annotations, which the strict modules' checks refuse to call.
         if scaler is not None:
-            scaler.scale(loss).backward(**kwargs)
+            scaler.scale(loss).backward(**kwargs)  # type: ignore[no-untyped-call]
         else:
-            loss.backward(**kwargs)
+            loss.backward(**kwargs)  # type: ignore[no-untyped-call]
 
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Runs just before a prepared optimizer's real step (accumulation boundaries only)."""
@@ -81,7 +82,8 @@ class StrategyDefaults:
 
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights (every rank calls this; only the main process needs them)."""
-        return self.to_host(model.state_dict())
+        weights: dict[str, torch.Tensor] = self.to_host(model.state_dict())  # to_host keeps the dict's shape
+        return weights
 
     def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
         """Write ``model``'s weights under ``folder`` when this rank assembles it (replicas: any rank can)."""
@@ -89,7 +91,9 @@ class StrategyDefaults:
             save_tensors_file(self.to_host(model.state_dict()), folder / f"{name}.safetensors")
         return {"layout": "full"}
 
-    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
+    def load_model_files(
+        self, folder: Path, name: str, model: torch.nn.Module, record: dict[str, Any], strict: bool
+    ) -> None:
         refuse_layout(record, "full", folder)
         path = folder / f"{name}.safetensors"
         weights = load_tensors_file(path, device=self.load_device(model))
@@ -103,12 +107,12 @@ class StrategyDefaults:
             torch_save(self.to_host(optimizer.state_dict()), folder / f"{name}.bin")
         return {"layout": "full"}
 
-    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:
+    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict[str, Any]) -> None:
         refuse_layout(record, "full", folder)
         optimizer.load_state_dict(torch_load(folder / f"{name}.bin"))
 
 
-def refuse_layout(record: dict, expected: str, folder: Path) -> None:
+def refuse_layout(record: Mapping[str, Any], expected: str, folder: Path) -> None:
     """Refuse a checkpoint whose manifest records another layout than ``expected``."""
     layout = record.get("layout", "full")
     if layout != expected:

@@ -17,13 +17,13 @@ import contextlib
 import functools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 
-from x_runtime.checkpoint.files import torch_load, torch_save
-from x_runtime.checkpoint.model_files import load_tensors_file, save_tensors_file
+from x_runtime.io.files import torch_load, torch_save
+from x_runtime.io.model_files import load_tensors_file, save_tensors_file
 from x_runtime.process.state import ProcessState
 from x_runtime.strategies.defaults import StrategyDefaults, check_shapes, refuse_layout
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
@@ -104,7 +104,8 @@ class FSDPStrategy(StrategyDefaults):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(model, full, options=options)
+        # torch types it dict[str, ValueType]; dict is invariant, so a dict of tensors does not match.
+        set_model_state_dict(model, full, options=options)  # type: ignore[arg-type]
         # Buffers outside the state dict (non-persistent, e.g. rotary tables) travel separately.
         persistent = set(model.state_dict())
         for name, buffer in model.named_buffers():
@@ -136,7 +137,9 @@ class FSDPStrategy(StrategyDefaults):
         """Whole tensors on the main process (``{}`` elsewhere); every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # torch types the values as any state-dict value; full_state_dict=True gathers them into plain tensors.
+        return cast("dict[str, torch.Tensor]", full)
 
     def _sharded_layout(self) -> bool:
         return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
@@ -154,7 +157,9 @@ class FSDPStrategy(StrategyDefaults):
             save_tensors_file(weights, folder / f"{name}.safetensors")
         return {"layout": "full", "strategy": "FSDP"}
 
-    def load_model_files(self, folder: Path, name: str, model: torch.nn.Module, record: dict, strict: bool) -> None:
+    def load_model_files(
+        self, folder: Path, name: str, model: torch.nn.Module, record: dict[str, Any], strict: bool
+    ) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -174,7 +179,8 @@ class FSDPStrategy(StrategyDefaults):
             weights = load_tensors_file(path)
             check_shapes(path, weights, model.state_dict())
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
-        set_model_state_dict(model, weights, options=options)
+        # torch types it dict[str, ValueType]; dict is invariant, so a dict of tensors does not match.
+        set_model_state_dict(model, weights, options=options)  # type: ignore[arg-type]
 
     def save_optimizer_files(
         self, folder: Path, name: str, optimizer: Any, model: Any, *, writer: bool
@@ -193,7 +199,7 @@ class FSDPStrategy(StrategyDefaults):
             torch_save(state, folder / f"{name}.bin")
         return {"layout": "full", "strategy": "FSDP"}
 
-    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict) -> None:
+    def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict[str, Any]) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
@@ -225,6 +231,7 @@ def wrap_units(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin) -
     if policy in (None, "no_wrap"):
         return []
     if policy == "size_based_wrap":
+        assert plugin.min_num_params is not None  # the plugin's __post_init__ fills it from the environment's default
         return _units_by_size(model, int(plugin.min_num_params))
     names = plugin.layer_class_names(model)
     return [m for m in model.modules() if m is not model and type(m).__name__ in names]
@@ -258,7 +265,7 @@ def _recompute_in_backward(unit: torch.nn.Module) -> None:
     def forward(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(original, *args, use_reentrant=False, **kwargs)
 
-    unit.forward = forward  # type: ignore[method-assign]
+    unit.forward = forward
 
 
 def _ignored_params(model: torch.nn.Module, ignored: Any) -> set[torch.nn.Parameter]:

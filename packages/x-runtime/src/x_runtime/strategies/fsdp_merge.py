@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from x_runtime.checkpoint.files import torch_load
-from x_runtime.checkpoint.model_files import save_object
+from x_runtime.io.files import torch_load
+from x_runtime.io.model_files import save_object
 from x_runtime.process.state import ProcessState
 
 __all__ = ["FSDP_MODEL_NAME", "load_fsdp_model", "merge_fsdp_weights", "save_fsdp_model"]
@@ -59,7 +59,7 @@ def save_fsdp_model(
     fsdp_plugin: Any,
     accelerator: Any,
     model: torch.nn.Module,
-    output_dir: str | os.PathLike,
+    output_dir: str | os.PathLike[str],
     model_index: int = 0,
     adapter_only: bool = False,
 ) -> None:
@@ -91,7 +91,7 @@ def load_fsdp_model(
     fsdp_plugin: Any,
     accelerator: Any,
     model: torch.nn.Module,
-    input_dir: str | os.PathLike,
+    input_dir: str | os.PathLike[str],
     model_index: int = 0,
     adapter_only: bool = False,
 ) -> Any:
@@ -117,8 +117,8 @@ def load_fsdp_model(
 
 
 def merge_fsdp_weights(
-    checkpoint_dir: str | os.PathLike,
-    output_path: str | os.PathLike,
+    checkpoint_dir: str | os.PathLike[str],
+    output_path: str | os.PathLike[str],
     safe_serialization: bool = True,
     remove_checkpoint_dir: bool = False,
 ) -> Path | None:
@@ -141,8 +141,8 @@ def merge_fsdp_weights(
                 hint = f"; pass {source / inner} instead"
         raise ValueError(f"{source} holds no sharded checkpoint (no such folder){hint}")
     if not (source / ".metadata").exists():
-        inner = source / f"{FSDP_MODEL_NAME}_0"
-        hint = f"; pass {inner} instead" if (inner / ".metadata").exists() else ""
+        model_folder = source / f"{FSDP_MODEL_NAME}_0"
+        hint = f"; pass {model_folder} instead" if (model_folder / ".metadata").exists() else ""
         raise ValueError(f"{source} is not a torch.distributed.checkpoint folder (no .metadata){hint}")
     here = ProcessState.from_environment(cpu=True)
     target: Path | None = None

@@ -21,7 +21,7 @@ class ParameterMoves:
     """Which parameter replaced which, for repointing optimizers."""
 
     def __init__(self) -> None:
-        self._moved: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
+        self._moved: dict[int, tuple[weakref.ref[torch.nn.Parameter], torch.nn.Parameter]] = {}
 
     def record(self, before: Iterable[torch.nn.Parameter], after: Iterable[torch.nn.Parameter]) -> None:
         """``before`` and ``after``: one model's parameters, in the same order, around the change."""

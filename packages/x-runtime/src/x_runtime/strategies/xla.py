@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from x_runtime.checkpoint.random_state import keep_xla_rng
-from x_runtime.data import nested
+from x_runtime.core import nested
+from x_runtime.core.random_state import keep_xla_rng
 from x_runtime.data.data_loader import LoaderSpec
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.process.distributed_type import DistributedType

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import numbers
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["GeneralTracker"]
 
@@ -32,6 +32,15 @@ class GeneralTracker:
     """
 
     main_process_only: bool = True
+    # Declared, not defined: the subclass supplies them, and __init__ checks it did (hasattr/dir).
+    name: str
+    requires_logging_directory: bool
+
+    if TYPE_CHECKING:  # a real property here would hide a subclass's missing ``tracker`` from that check
+
+        @property
+        def tracker(self) -> Any:
+            """The backend's own object (a ``SummaryWriter``, a wandb run, ...)."""
 
     def __init__(self, _blank: bool = False):
         if not _blank:

@@ -19,7 +19,7 @@ import difflib
 import importlib.util
 import logging
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any
 
@@ -122,8 +122,11 @@ def filter_trackers(
     """
     if log_with is None:
         return []
-    single = isinstance(log_with, (str, GeneralTracker)) or not isinstance(log_with, Iterable)
-    entries = [log_with] if single else list(log_with)
+    entries: list[TrackerSpec]
+    if isinstance(log_with, (str, GeneralTracker)) or not isinstance(log_with, Iterable):
+        entries = [log_with]
+    else:
+        entries = list(log_with)
     selected: list[LoggerType | GeneralTracker] = []
     for entry in entries:
         if isinstance(entry, GeneralTracker):
@@ -209,11 +212,13 @@ def build_trackers(
                 tracker = chosen
             else:
                 cls = _BUILTIN[chosen][0]
+                # Each built-in class takes (name, [logging_dir,] **kwargs), not GeneralTracker's own arguments.
+                make: Callable[..., GeneralTracker] = cls
                 kwargs = dict(init_kwargs.get(chosen.value, {}))
                 if cls.requires_logging_directory:
-                    tracker = cls(project_name, logging_dir, **kwargs)  # type: ignore[call-arg]
+                    tracker = make(project_name, logging_dir, **kwargs)
                 else:
-                    tracker = cls(project_name, **kwargs)  # type: ignore[call-arg]
+                    tracker = make(project_name, **kwargs)
                 opened.append(tracker)
             tracker.start()
             trackers.append(tracker)

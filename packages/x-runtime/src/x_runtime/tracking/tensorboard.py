@@ -117,8 +117,8 @@ def _import_tensorboard() -> tuple[Any, Any]:
         from torch.utils.tensorboard.summary import hparams
     except ImportError:
         try:
-            from tensorboardX import SummaryWriter
-            from tensorboardX.summary import hparams
+            from tensorboardX import SummaryWriter  # type: ignore[import-not-found,no-redef]
+            from tensorboardX.summary import hparams  # type: ignore[import-not-found,no-redef]
         except ImportError:
             raise ImportError("TensorBoard logging needs the tensorboard package: pip install tensorboard") from None
     return SummaryWriter, hparams

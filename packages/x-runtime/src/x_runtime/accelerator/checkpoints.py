@@ -1,0 +1,102 @@
+"""The ``Accelerator``'s methods that write and read files: checkpoints, weights, objects.
+
+A mixin of the facade: ``save_state``/``load_state`` go through ``checkpointing`` (the strategy
+writes the model and optimizer files), ``save_model`` through ``model_files``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from x_runtime.accelerator.fields import AcceleratorFields
+from x_runtime.checkpoint.checkpointing import CheckpointParts, load_checkpoint, save_checkpoint
+from x_runtime.checkpoint.naming import load_source, note_loaded, note_saved, save_target
+from x_runtime.core.unwrap import unwrap_model
+from x_runtime.io.model_files import save_object, save_state_dict_files
+
+__all__ = ["CheckpointMethods"]
+
+
+class CheckpointMethods(AcceleratorFields):
+    """Accelerate's saving and loading methods, over what the accelerator prepared."""
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Also save and restore these objects (each needs ``state_dict``/``load_state_dict``)."""
+        invalid = [
+            type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+        ]
+        if invalid:
+            raise TypeError(f"register_for_checkpointing: {', '.join(invalid)} lack state_dict/load_state_dict")
+        self._prepared.custom.extend(objects)
+
+    def _parts(self) -> CheckpointParts:
+        return CheckpointParts(
+            models=[unwrap_model(m) for m in self._prepared.models],
+            optimizers=list(self._prepared.optimizers),
+            schedulers=list(self._prepared.schedulers),
+            dataloaders=list(self._prepared.dataloaders),
+            custom=list(self._prepared.custom),
+            scaler=self.precision.scaler,
+            strategy=self.strategy,
+        )
+
+    def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True) -> str:
+        """Save models, optimizers, schedulers, scaler, RNG states, loader positions, registered objects.
+
+        Every process must call it. The folder appears complete or not at all.
+
+        Raises:
+            DiskFullError: (an ``OSError``, errno ``ENOSPC``) on every process, when the weights and
+                optimizer state cannot fit in the free space (nothing is written), or when the disk
+                fills during the save (the partial folder is removed); it names the folder, the
+                bytes needed and free. The previous checkpoint in ``output_dir`` stays loadable.
+        """
+        if not safe_serialization:
+            raise ValueError("safe_serialization=False: x_runtime writes weights as safetensors only")
+        target = save_target(self.project_configuration, output_dir)
+        save_checkpoint(target, self._parts(), self.process_state)
+        note_saved(self.project_configuration, is_main_process=self.process_state.is_main_process)
+        self.process_state.wait_for_everyone()
+        return str(target)
+
+    def load_state(self, input_dir: str | os.PathLike[str] | None = None, strict: bool = True) -> str:
+        """Restore what ``save_state`` saved (the latest automatic checkpoint when no folder given).
+
+        Files are read without running pickled code: one holding other objects than tensors,
+        numbers, strings and containers raises ``pickle.UnpicklingError`` naming it and the type.
+        """
+        source = load_source(self.project_configuration, input_dir)
+        folder = load_checkpoint(source, self._parts(), self.process_state, strict=strict)
+        note_loaded(self.project_configuration, folder)
+        return str(folder)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The whole model's weights; sharded models are gathered to the main process (every rank calls)."""
+        return self.strategy.state_dict(unwrap_model(model) if unwrap else model)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike[str],
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Weights as ``model.safetensors``, or shards plus ``model.safetensors.index.json``."""
+        if not safe_serialization:
+            raise ValueError("safe_serialization=False: x_runtime writes weights as safetensors only")
+        if Path(save_directory).is_file():
+            raise ValueError(f"save_model: {save_directory} is a file; give a directory")
+        state_dict = self.get_state_dict(model)
+        if self.process_state.is_main_process:
+            save_state_dict_files(state_dict, save_directory, max_shard_size=max_shard_size)
+        self.process_state.wait_for_everyone()
+
+    def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:
+        """``torch.save`` (or safetensors for a dict of tensors) on the main process only."""
+        obj = self.strategy.to_host(obj)  # every process: on XLA this runs the graph that makes obj
+        if self.process_state.is_main_process:
+            save_object(obj, f, safe_serialization=safe_serialization)

@@ -1,0 +1,245 @@
+"""``Accelerator``: one object that carries a training script from one CPU to many processes.
+
+A thin facade with Accelerate's names over the layers below it (``core``, ``io``, ``process``,
+``data``, ``precision``, ``optim``, ``strategies``, ``checkpoint``, ``tracking``). This module
+holds ``__init__``, which decides the strategy once (``strategies.select.decide``), joins the
+process group and sets the fields ``fields.AcceleratorFields`` declares; the methods come from one
+mixin per concern in this folder: ``prepare``, ``step``, ``processes``, ``checkpoints``,
+``tracking``, ``ddp``, ``profile``, ``preemption``. ``accelerator.state`` is an ``AcceleratorState``
+view (``state_views``) over its own process state. Nothing is shared between two accelerators
+except torch's process group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import weakref
+from typing import Any
+
+from x_common import env
+from x_runtime.accelerator.checkpoints import CheckpointMethods
+from x_runtime.accelerator.ddp import DDPMethods
+from x_runtime.accelerator.forward import Forward
+from x_runtime.accelerator.preemption import PreemptionMethods
+from x_runtime.accelerator.prepare import PrepareMethods
+from x_runtime.accelerator.prepared import PreparedObjects, release_at_exit
+from x_runtime.accelerator.processes import ProcessMethods
+from x_runtime.accelerator.profile import ProfileMethods
+from x_runtime.accelerator.state_views import AcceleratorState, GradientState
+from x_runtime.accelerator.step import StepMethods
+from x_runtime.accelerator.tracking import TrackingMethods
+from x_runtime.core.configs import (
+    DataLoaderConfiguration,
+    GradientAccumulationPlugin,
+    Handlers,
+    KwargsHandler,
+    ProjectConfiguration,
+)
+from x_runtime.core.random_state import set_seed
+from x_runtime.data.gradient_state import check_steps
+from x_runtime.precision.dynamo import TorchDynamoPlugin
+from x_runtime.precision.fp8 import fp8_recipe_for
+from x_runtime.precision.policy import Precision
+from x_runtime.process.distributed_type import DistributedType
+from x_runtime.strategies.select import decide
+
+__all__ = ["Accelerator"]
+
+_UNSET: Any = object()
+_RNG_TYPES = ("torch", "cuda", "mps", "xla", "xpu", "generator")
+
+
+class Accelerator(
+    PrepareMethods,
+    StepMethods,
+    ProcessMethods,
+    PreemptionMethods,
+    CheckpointMethods,
+    TrackingMethods,
+    DDPMethods,
+    ProfileMethods,
+):
+    """Prepare model, optimizer, dataloaders and scheduler once; the loop stays plain PyTorch.
+
+    Args:
+        device_placement: move prepared models and batches to ``self.device``.
+        split_batches: deprecated spelling of ``DataLoaderConfiguration(split_batches=...)``.
+        mixed_precision: "no", "fp16" (GPU) or "bf16"; ``None`` takes the launcher's choice.
+        gradient_accumulation_steps: micro-batches per optimizer step (launcher's if 1).
+        cpu: compute on CPU even when an accelerator is present.
+        dataloader_config: how dataloaders are sharded, see ``DataLoaderConfiguration``.
+        log_with: trackers, e.g. "tensorboard" or ["tensorboard", "wandb"] or "all".
+        project_dir: folder for checkpoints and logs.
+        project_config: checkpoint naming and pruning, see ``ProjectConfiguration``.
+        step_scheduler_with_optimizer: the scheduler advances with optimizer steps.
+        kwargs_handlers: ``DistributedDataParallelKwargs``, ``GradScalerKwargs``,
+            ``InitProcessGroupKwargs``, ``AutocastKwargs``.
+        rng_types: accepted for compatibility; data order never depends on synchronised
+            generators here (the shuffling sampler is seeded), so nothing needs syncing.
+        dynamo_backend: ``torch.compile`` backend for prepared models ("no" to disable).
+        dynamo_plugin: ``TorchDynamoPlugin`` (mode, fullgraph, regional compilation); not with
+            ``dynamo_backend``.
+        fsdp_plugin: shard the model with FSDP2 (else the launcher's ``distributed_type``).
+        deepspeed_plugin: train through a DeepSpeed engine (ZeRO stages 0-3).
+
+    Examples:
+        >>> import torch
+        >>> accelerator = Accelerator(cpu=True)
+        >>> model = torch.nn.Linear(2, 1)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> model, optimizer = accelerator.prepare(model, optimizer)
+        >>> loss = model(torch.ones(4, 2)).pow(2).mean()
+        >>> accelerator.backward(loss)
+        >>> optimizer.step(); optimizer.zero_grad()
+        >>> accelerator.num_processes, accelerator.device.type
+        (1, 'cpu')
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _UNSET,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin: Any = None,
+        fsdp_plugin: Any = None,
+        rng_types: list[str] | None = None,
+        log_with: Any = None,
+        project_dir: str | os.PathLike[str] | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+    ):
+        for rng in rng_types or []:
+            if str(rng) not in _RNG_TYPES:
+                raise ValueError(f"rng_types: {rng!r} is not one of {', '.join(_RNG_TYPES)}")
+        self.handlers = Handlers.from_list(kwargs_handlers)
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if split_batches is not _UNSET:
+            self.dataloader_config.split_batches = bool(split_batches)
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+
+        init = self.handlers.init
+        choice = decide(
+            fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            backend=init.backend,
+            init_method=init.init_method,
+            timeout=init.timeout,
+        )
+        process = choice.join(cpu=cpu)
+        self.process_state = process
+        mode = env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision)
+        self.fp8_recipe = fp8_recipe_for(mode, process.device, self.handlers.fp8)
+        self.precision = Precision(
+            mode,
+            process.device,
+            autocast_kwargs=self.handlers.autocast.to_kwargs(),
+            scaler_kwargs=self.handlers.scaler.to_kwargs(),
+            native=choice.kind != DistributedType.DEEPSPEED,
+        )
+        plugin = gradient_accumulation_plugin
+        if plugin is not None and gradient_accumulation_steps != 1:
+            raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+        if plugin is None:
+            steps = gradient_accumulation_steps
+            if steps == 1:
+                steps = env.GRADIENT_ACCUMULATION_STEPS.read()
+            plugin = GradientAccumulationPlugin(num_steps=steps)
+        self.gradient_state = GradientState(
+            num_steps=plugin.num_steps,
+            sync_with_dataloader=plugin.sync_with_dataloader,
+            adjust_scheduler=plugin.adjust_scheduler,
+        )
+        self.sync_each_batch = plugin.sync_each_batch
+        self.strategy = choice.build(
+            process,
+            mixed_precision=self.precision.mode,
+            ddp_kwargs=self.handlers.ddp.to_kwargs(),
+            gradient_state=self.gradient_state,
+            comm_hook=self.handlers.ddp.comm_hook_spec(),
+        )
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        if dynamo_plugin is not None and dynamo_backend is not None:
+            raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
+        self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
+        # Accelerate's AcceleratorState, as a view over this accelerator's own process state.
+        self.state = AcceleratorState.view_of(
+            process,
+            _mixed_precision=self.precision.mode,
+            dynamo_plugin=self.dynamo_plugin,
+            deepspeed_plugin=deepspeed_plugin,
+            fsdp_plugin=fsdp_plugin,
+        )
+        self.log_with = log_with
+        self.trackers = []
+        self.step = 0
+        self._prepared = PreparedObjects()
+        self._trigger = False
+        # At exit only (not when this object is collected: another accelerator may use the group).
+        atexit.register(release_at_exit, weakref.ref(self._prepared), process)
+
+    # --- where this process is (Accelerate's names over state and configs) --------------------
+    device = Forward("state", "device")
+    distributed_type = Forward("state", "distributed_type")
+    num_processes = Forward("state", "world_size")
+    process_index = Forward("state", "rank")
+    local_process_index = Forward("state", "local_rank")
+    is_main_process = Forward("state", "is_main_process")
+    is_local_main_process = Forward("state", "is_local_main_process")
+    is_last_process = Forward("state", "is_last_process")
+    use_distributed = Forward("state", "use_distributed")
+    mixed_precision = Forward("precision", "mode")
+    scaler = Forward("precision", "scaler")
+    split_batches = Forward("dataloader_config", "split_batches")
+    even_batches = Forward("dataloader_config", "even_batches", writable=True)
+    dispatch_batches = Forward("dataloader_config", "dispatch_batches")
+    non_blocking = Forward("dataloader_config", "non_blocking")
+    project_dir = Forward("project_configuration", "project_dir")
+    logging_dir = Forward("project_configuration", "logging_dir")
+    save_iteration = Forward("project_configuration", "iteration")
+    sync_gradients = Forward("gradient_state", "sync_gradients", writable=True)
+    dynamo_backend = Forward("dynamo_plugin", "backend")
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.num_steps = check_steps(steps)
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
+        return any(opt.step_was_skipped for opt in self._prepared.optimizers)
+
+    # --- memory ----------------------------------------------------------------------------
+    def free_memory(self, *objects: Any) -> list[None]:
+        """Forget everything prepared, collect garbage, empty device caches; returns Nones."""
+        from x_runtime.core.memory import release_memory
+
+        self._prepared.clear()
+        self.step = 0
+        return release_memory(*objects)
+
+    clear = free_memory
+
+    def set_seed(self, seed: int, device_specific: bool = False, deterministic: bool = False) -> int:
+        return set_seed(seed, device_specific, deterministic, process_index=self.process_index)
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(distributed_type={self.distributed_type}, process {self.process_index} of "
+            f"{self.num_processes}, device={self.device}, mixed_precision={self.mixed_precision}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )

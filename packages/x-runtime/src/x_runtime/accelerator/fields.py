@@ -1,0 +1,47 @@
+"""The fields of an ``Accelerator`` that its parts share, declared once.
+
+Each part of the facade (``prepare``, ``step``, ``processes``, ``checkpoints``, ``tracking``,
+``ddp``, ``profile``, ``preemption``) is a mixin over ``AcceleratorFields``: it reads these
+fields and nothing else of the others, so a type checker sees every field a part uses and the
+one place it is declared. ``Accelerator.__init__`` sets them all.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from x_runtime.accelerator.prepared import PreparedObjects
+    from x_runtime.accelerator.state_views import AcceleratorState
+    from x_runtime.core.configs import DataLoaderConfiguration, Handlers, ProjectConfiguration
+    from x_runtime.data.gradient_state import GradientState
+    from x_runtime.precision.dynamo import TorchDynamoPlugin
+    from x_runtime.precision.policy import Precision
+    from x_runtime.process.state import ProcessState
+    from x_runtime.strategies.base import Strategy
+    from x_runtime.tracking.base import GeneralTracker
+
+__all__ = ["AcceleratorFields"]
+
+
+class AcceleratorFields:
+    """What one accelerator holds; every part of the facade reads it through ``self``."""
+
+    process_state: ProcessState  # rank, world, device, process group: the one the strategy was built on
+    state: AcceleratorState  # Accelerate's view over ``process_state``
+    gradient_state: GradientState
+    precision: Precision
+    strategy: Strategy
+    handlers: Handlers
+    dataloader_config: DataLoaderConfiguration
+    project_configuration: ProjectConfiguration
+    dynamo_plugin: TorchDynamoPlugin
+    fp8_recipe: Any  # torchao's or Transformer Engine's recipe under fp8, else None
+    device_placement: bool
+    step_scheduler_with_optimizer: bool
+    sync_each_batch: bool
+    log_with: Any  # what the user passed: a name, a tracker, or a list of them
+    trackers: list[GeneralTracker]
+    step: int  # micro-batches seen by accumulate()
+    _prepared: PreparedObjects
+    _trigger: bool  # set_trigger() on this rank since the last check_trigger()
