@@ -66,7 +66,7 @@ def module_env_vars() -> dict[str, EnvVar]:
 
 def test_contract_names_are_prefixed_and_unique() -> None:
     names = [var.name for var in CONTRACT]
-    assert len(names) == 38  # + X_FAILURE_REPORT
+    assert len(names) == 39  # + X_FAILURE_REPORT, X_TORCH_DEVICE
     assert len(set(names)) == len(names)
     for name in names:
         assert re.fullmatch(r"X_[A-Z][A-Z0-9_]*", name), name

@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
+from x_runtime import Accelerator, PartialState
 from x_runtime.data import SeedableRandomSampler, prepare_data_loader
 from x_runtime.precision.policy import Precision
 from x_runtime.process import DistributedOperationException, copy_tensor_to_devices, debug_mode, set_debug_mode
@@ -169,3 +170,14 @@ def test_deepspeed_runs_its_own_mixed_precision_as_under_accelerate() -> None:
     engine_owned.wrap_forward(model)
     assert model.forward == forward  # no autocast wrapper
     assert isinstance(engine_owned.autocast(), contextlib.nullcontext)
+
+
+@pytest.mark.parametrize("variable", ["X_TORCH_DEVICE", "ACCELERATE_TORCH_DEVICE"])
+def test_the_torch_device_variable_names_the_device(monkeypatch: pytest.MonkeyPatch, variable: str) -> None:
+    # Accelerate's test utilities set ACCELERATE_TORCH_DEVICE (e.g. "cpu:64") to pick the device outright.
+    monkeypatch.setenv(variable, "cpu:64")
+    assert Accelerator().device == torch.device("cpu:64")
+    assert PartialState().default_device == torch.device("cpu:64")
+    monkeypatch.setenv(variable, "not-a-device")
+    with pytest.raises(ValueError, match=r"^X_TORCH_DEVICE or ACCELERATE_TORCH_DEVICE is 'not-a-device', not a torch"):
+        PartialState()

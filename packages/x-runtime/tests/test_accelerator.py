@@ -200,3 +200,25 @@ def test_trackers_log_through_the_accelerator_to_tensorboard(tmp_path) -> None:
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(0, 1.5), (1, 1.25), (2, 1.0)]
     with pytest.raises(ValueError, match="no tracker named 'wandb'"):
         accelerator.get_tracker("wandb")
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_unwrap_model_takes_the_model_out_of_data_parallel(compiled: bool) -> None:
+    # Accelerate's unwrap_model (extract_model_from_parallel) unwraps torch.nn.DataParallel as DDP.
+    inner = torch.nn.Linear(2, 2)
+    wrapped = torch.nn.DataParallel(inner)
+    if compiled:
+        wrapped = torch.compile(wrapped)
+    accelerator = Accelerator(cpu=True)
+    assert accelerator.unwrap_model(wrapped, keep_torch_compile=False) is inner
+    assert accelerator.unwrap_model(wrapped) is inner  # a compiled wrapper is not kept around the DataParallel
+
+
+def test_preparing_a_prepared_model_again_returns_it() -> None:
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    model = torch.nn.Linear(2, 2)
+    prepared = accelerator.prepare_model(model)
+    assert accelerator.prepare_model(prepared) is prepared
+    assert accelerator.prepare_model(model) is prepared
+    assert accelerator.prepare(model) is prepared and len(accelerator._prepared.models) == 1
+    assert prepared(torch.ones(1, 2)).dtype == torch.float32  # the forward wrapped once, still works

@@ -172,3 +172,9 @@ def test_save_model_shards_with_an_index_and_keeps_ties(tmp_path) -> None:
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["model.safetensors"]
     with pytest.raises(ValueError, match="is a file"):
         accelerator.save_model(model, tmp_path / "m" / "model.safetensors")
+
+
+def test_registering_an_object_without_state_dict_is_a_value_error() -> None:
+    # Accelerate raises ValueError here; code written for it catches that.
+    with pytest.raises(ValueError, match=r"^register_for_checkpointing: int, object lack state_dict/load_state_dict$"):
+        Accelerator(cpu=True).register_for_checkpointing(torch.nn.Linear(1, 1), 3, object())

@@ -418,6 +418,41 @@ def test_set_epoch_reaches_sampler_and_dataset() -> None:
     assert shuffled.sampler.epoch == 3
 
 
+class EpochBatches:
+    """A batch sampler of its own (no torch BatchSampler), whose order depends on its epoch."""
+
+    def __init__(self, n: int, size: int) -> None:
+        self.n, self.size, self.epoch = n, size, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.epoch)).tolist()
+        return iter([order[i : i + self.size] for i in range(0, self.n, self.size)])
+
+    def __len__(self) -> int:
+        return -(-self.n // self.size)
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_set_epoch_reaches_a_custom_batch_sampler(processes: int) -> None:
+    # Accelerate's loaders call the batch sampler's own set_epoch; without it every epoch repeats one order.
+    loader = prepare_data_loader(
+        DataLoader(Indexed(12), batch_sampler=EpochBatches(12, 3)), num_processes=processes, process_index=0
+    )
+    orders = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        orders.append([row for batch in loader for row in batch.tolist()])
+    assert len({tuple(order) for order in orders}) == 3
+    for epoch, order in enumerate(orders):  # rank 0's batches of that epoch's order: the 1st, then every world-th
+        sampler = EpochBatches(12, 3)
+        sampler.set_epoch(epoch)
+        mine = [batch for i, batch in enumerate(sampler) if i % processes == 0]
+        assert order == [row for batch in mine for row in batch], epoch
+
+
 def test_dispatch_over_several_processes_needs_torch_distributed() -> None:
     loader = prepare_data_loader(DataLoader(Stream(4), batch_size=2), num_processes=2, process_index=0)
     with pytest.raises(RuntimeError, match=r"torch\.distributed"):

@@ -32,18 +32,19 @@ def clears(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return recorded
 
 
-def test_halves_until_the_batch_fits(clears: list[bool]) -> None:
+def test_shrinks_by_a_tenth_until_the_batch_fits(clears: list[bool]) -> None:
     calls = []
 
     @find_executable_batch_size(starting_batch_size=128)
     def train(batch_size, model, lr=0.1):
         calls.append((batch_size, model, lr))
-        if batch_size > 16:
+        if batch_size > 100:
             raise _oom()
         return batch_size
 
-    assert train("net", lr=0.5) == 16
-    assert calls == [(128, "net", 0.5), (64, "net", 0.5), (32, "net", 0.5), (16, "net", 0.5)]
+    # Accelerate's sequence: int(size * 0.9) after each out-of-memory error.
+    assert train("net", lr=0.5) == 92
+    assert calls == [(128, "net", 0.5), (115, "net", 0.5), (103, "net", 0.5), (92, "net", 0.5)]
     # once before the first attempt, once after each failed one, always with garbage collection
     assert clears == [True] * 4
 
@@ -59,7 +60,7 @@ def test_later_calls_start_from_the_size_that_worked(clears: list[bool]) -> None
 
     train()
     train()
-    assert calls == [64, 32, 16, 16]
+    assert calls == [64, 57, 51, 45, 40, 36, 32, 28, 25, 22, 19, 17, 15, 15]
 
 
 def test_raises_when_reaching_zero(clears: list[bool]) -> None:
@@ -72,7 +73,7 @@ def test_raises_when_reaching_zero(clears: list[bool]) -> None:
 
     with pytest.raises(RuntimeError, match=r"^No executable batch size found, reached zero\.$"):
         train()
-    assert calls == [8, 4, 2, 1]
+    assert calls == [8, 7, 6, 5, 4, 3, 2, 1]
 
 
 def test_passing_the_batch_size_is_a_type_error() -> None:
@@ -111,7 +112,7 @@ def test_real_cpu_allocation_failure_is_retried() -> None:
         return torch.empty(2**50 * batch_size if batch_size > 1 else 8, dtype=torch.uint8).numel()
 
     assert allocate() == 8
-    assert calls == [4, 2, 1]
+    assert calls == [4, 3, 2, 1]
 
 
 def test_custom_reduction_functions(clears: list[bool]) -> None:

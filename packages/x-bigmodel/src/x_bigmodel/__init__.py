@@ -12,6 +12,7 @@ Names and semantics follow Accelerate's big-model API.
 """
 
 from x_bigmodel._version import __version__
+from x_bigmodel.devices.device_moves import find_device
 from x_bigmodel.dispatch.entry_points import (
     cpu_offload,
     cpu_offload_with_hook,
@@ -20,7 +21,7 @@ from x_bigmodel.dispatch.entry_points import (
     load_checkpoint_and_dispatch,
 )
 from x_bigmodel.dispatch.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
-from x_bigmodel.dispatch.offload_hook import UserCpuOffloadHook
+from x_bigmodel.dispatch.offload_hook import CpuOffload, UserCpuOffloadHook
 from x_bigmodel.loading.checkpoint import load_checkpoint_in_model, set_module_tensor_to_device
 from x_bigmodel.planning.device_map import (
     get_balanced_memory,
@@ -28,21 +29,24 @@ from x_bigmodel.planning.device_map import (
     infer_auto_device_map,
     resolve_device_map,
 )
-from x_bigmodel.planning.device_plan import DevicePlan
+from x_bigmodel.planning.device_plan import DevicePlan, check_device_map
 from x_bigmodel.planning.empty_weights import init_empty_weights, init_on_device
 from x_bigmodel.transformers.pretrained import from_pretrained
 
 __all__ = [
+    "CpuOffload",
     "DevicePlan",
     "ModelHook",
     "SequentialHook",
     "UserCpuOffloadHook",
     "__version__",
     "add_hook_to_module",
+    "check_device_map",
     "cpu_offload",
     "cpu_offload_with_hook",
     "disk_offload",
     "dispatch_model",
+    "find_device",
     "from_pretrained",
     "get_balanced_memory",
     "get_max_memory",

@@ -183,6 +183,7 @@ _ACCELERATE: dict[str, tuple[Fallback, ...]] = {
     ),
     "MIXED_PRECISION": (Fallback("ACCELERATE_MIXED_PRECISION"),),
     "USE_CPU": (Fallback("ACCELERATE_USE_CPU"),),
+    "TORCH_DEVICE": (Fallback("ACCELERATE_TORCH_DEVICE"),),
     "GRADIENT_ACCUMULATION_STEPS": (Fallback("ACCELERATE_GRADIENT_ACCUMULATION_STEPS"),),
     "DEBUG_MODE": (Fallback("ACCELERATE_DEBUG_MODE"),),
     "DYNAMO_BACKEND": (Fallback("ACCELERATE_DYNAMO_BACKEND"),),
@@ -232,6 +233,7 @@ CONFIG_FILE = _var("CONFIG_FILE", Str(), None, "launch config file to use instea
 DISTRIBUTED_TYPE = _var("DISTRIBUTED_TYPE", Choice(DISTRIBUTED_TYPES), None, "strategy chosen by the launcher")
 MIXED_PRECISION = _var("MIXED_PRECISION", Choice(MIXED_PRECISIONS), "no", "autocast dtype for the prepared model")
 USE_CPU = _var("USE_CPU", Bool(), False, "train on CPU even when an accelerator is present")
+TORCH_DEVICE = _var("TORCH_DEVICE", Str(), None, "the torch device each process computes on, as written (cuda:1, cpu)")
 GRADIENT_ACCUMULATION_STEPS = _var("GRADIENT_ACCUMULATION_STEPS", Int(minimum=1), 1, "micro-batches per optimizer step")
 PROCESS_GROUP_TIMEOUT = _var("PROCESS_GROUP_TIMEOUT", Int(minimum=1), 1800, "seconds a collective may wait")
 DEBUG_MODE = _var("DEBUG_MODE", Bool(), False, "check shapes agree across ranks before each collective")

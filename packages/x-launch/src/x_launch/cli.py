@@ -179,9 +179,10 @@ def migrate(files: tuple[Path, ...], write: bool) -> None:
     """Rewrite scripts' imports from Accelerate to x and print the unified diff.
 
     \b
-    Names from accelerate and accelerate.<module> come from x_runtime; the big-model names
-    (init_empty_weights, load_checkpoint_and_dispatch, dispatch_model, ..., accelerate.hooks)
-    from x_bigmodel; accelerate.commands.* from x_launch; `import accelerate` becomes
+    Each name imported from accelerate or accelerate.<module> comes from the x package that
+    exports it: x_bigmodel (init_empty_weights, load_checkpoint_and_dispatch, ..., the hooks),
+    x_runtime (the rest), x_launch (accelerate.commands.*). A name x does not have keeps its
+    import from accelerate, and a line on stderr says so. `import accelerate` becomes
     `import x_runtime as accelerate`. Only import statements change.
 
     \b
@@ -193,11 +194,13 @@ def migrate(files: tuple[Path, ...], write: bool) -> None:
     from x_launch.migrate import MigrateError, migrate_file
 
     try:
-        diffs = [(path, migrate_file(path)) for path in files]  # every file checked before any is written
-        for path, diff in diffs:
+        diffs = [(path, *migrate_file(path)) for path in files]  # every file checked before any is written
+        for path, diff, notes in diffs:
             if diff and write:
                 migrate_file(path, write=True)
             click.echo(diff, nl=False)
+            for note in notes:
+                click.echo(f"x-launch migrate: {note}", err=True)
     except MigrateError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -1,12 +1,12 @@
 """``x-launch migrate FILE...``: rewrite a script's imports from Accelerate to x.
 
-The rule: every name imported from ``accelerate`` or any ``accelerate.<module>`` comes from
-``x_runtime``, except the big-model names (``BIG_MODEL_NAMES``: ``init_empty_weights``,
-``load_checkpoint_and_dispatch``, ``dispatch_model``, ... and every name of
-``accelerate.hooks``), which come from ``x_bigmodel``, and the names of
-``accelerate.commands.*``, which come from ``x_launch``. ``import accelerate`` becomes
-``import x_runtime as accelerate``; ``import accelerate.utils as u`` becomes ``import
-x_runtime as u``.
+The rule: a name imported from ``accelerate`` or any ``accelerate.<module>`` comes from the x
+package that exports it: ``x_bigmodel`` (the big-model names and the hooks), ``x_runtime``
+(everything else x has), ``x_launch`` (``accelerate.commands.*``). Which package exports what is
+``x_launch.x_names`` (checked against the packages themselves), so every import migrate writes
+imports. A name x does not have keeps its import from Accelerate, and ``migrate_file`` says so in
+one line per name. ``import accelerate`` becomes ``import x_runtime as accelerate``; ``import
+accelerate.hooks as h`` becomes ``import x_bigmodel as h``.
 
 Only the source span of each import statement is replaced (found with ``ast``), so comments,
 blank lines and formatting elsewhere stay as they were. x-runtime need not be installed.
@@ -23,69 +23,73 @@ import ast
 import difflib
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BIG_MODEL_NAMES", "MigrateError", "migrate_file", "migrate_source"]
+from x_launch import x_names
 
-BIG_MODEL_NAMES = frozenset(
-    {
-        "init_empty_weights",
-        "init_on_device",
-        "infer_auto_device_map",
-        "load_checkpoint_and_dispatch",
-        "load_checkpoint_in_model",
-        "dispatch_model",
-        "cpu_offload",
-        "cpu_offload_with_hook",
-        "disk_offload",
-        "get_balanced_memory",
-        "get_max_memory",
-        # accelerate.hooks
-        "ModelHook",
-        "SequentialHook",
-        "AlignDevicesHook",
-        "CpuOffload",
-        "UserCpuOffloadHook",
-        "LayerwiseCastingHook",
-        "add_hook_to_module",
-        "remove_hook_from_module",
-        "remove_hook_from_submodules",
-        "attach_align_device_hook",
-        "attach_align_device_hook_on_blocks",
-        "attach_execution_device_hook",
-        "attach_layerwise_casting_hooks",
-    }
-)
+__all__ = ["Kept", "MigrateError", "migrate_file", "migrate_source", "migrate_with_notes"]
+
+# Modules whose names, imported whole, are x-bigmodel's (``import accelerate.hooks as hooks``).
+_BIG_MODEL_MODULES = ("accelerate.hooks", "accelerate.big_modeling")
 
 
 class MigrateError(ValueError):
     """A file that cannot be migrated (it does not parse, or cannot be read); one line."""
 
 
+@dataclass(frozen=True)
+class Kept:
+    """An Accelerate name x does not have: its import was left as it was."""
+
+    line: int
+    module: str
+    name: str
+
+    def describe(self, filename: str) -> str:
+        return f"{filename}:{self.line}: x has no {self.module}.{self.name}; its import from Accelerate stays"
+
+
 def _is_accelerate(module: str | None) -> bool:
     return module == "accelerate" or (module or "").startswith("accelerate.")
 
 
-def _target(module: str, name: str) -> str:
+def _target(module: str, name: str) -> str | None:
+    """The x package exporting ``name`` (imported from ``module``), or None when x has no such name."""
+    if name == "*":
+        return "x_bigmodel" if module in _BIG_MODEL_MODULES else "x_runtime"
+    if module.startswith("accelerate.commands"):
+        return "x_launch" if name in x_names.LAUNCH else None
+    if name in x_names.BIGMODEL:
+        return "x_bigmodel"
+    return "x_runtime" if name in x_names.RUNTIME else None
+
+
+def _module_target(module: str) -> str:
+    """What ``import <module> as name`` becomes: the x package holding that module's names."""
     if module.startswith("accelerate.commands"):
         return "x_launch"
-    if module == "accelerate.hooks" or name in BIG_MODEL_NAMES:
-        return "x_bigmodel"
-    return "x_runtime"
+    return "x_bigmodel" if module in _BIG_MODEL_MODULES else "x_runtime"
 
 
 def _alias(alias: ast.alias) -> str:
     return alias.name if alias.asname is None else f"{alias.name} as {alias.asname}"
 
 
-def _rewrite(node: ast.Import | ast.ImportFrom) -> list[str] | None:
+def _rewrite(node: ast.Import | ast.ImportFrom, kept: list[Kept]) -> list[str] | None:
     """The statements replacing ``node`` (without indentation), or ``None`` to keep it."""
     if isinstance(node, ast.ImportFrom):
         if node.level or not _is_accelerate(node.module):
             return None
+        module = str(node.module)
         groups: dict[str, list[str]] = {}
         for alias in node.names:
-            groups.setdefault(_target(str(node.module), alias.name), []).append(_alias(alias))
+            target = _target(module, alias.name)
+            if target is None:
+                kept.append(Kept(node.lineno, module, alias.name))
+            groups.setdefault(target or module, []).append(_alias(alias))
+        if list(groups) == [module]:
+            return None  # nothing x has: the statement stays as written
         return [f"from {target} import {', '.join(names)}" for target, names in groups.items()]
     if not any(_is_accelerate(alias.name) for alias in node.names):
         return None
@@ -94,14 +98,23 @@ def _rewrite(node: ast.Import | ast.ImportFrom) -> list[str] | None:
         if not _is_accelerate(alias.name):
             lines.append(f"import {_alias(alias)}")
         elif alias.asname is not None:
-            lines.append(f"import {_target(alias.name, '')} as {alias.asname}")
+            lines.append(f"import {_module_target(alias.name)} as {alias.asname}")
         else:  # `import accelerate.utils` binds `accelerate`
-            lines.append(f"import {_target(alias.name, '')} as accelerate")
+            lines.append(f"import {_module_target(alias.name)} as accelerate")
     return lines
 
 
 def migrate_source(source: str, filename: str = "<source>") -> str:
     """``source`` with its Accelerate imports rewritten; unchanged text elsewhere.
+
+    Raises:
+        MigrateError: ``source`` does not parse.
+    """
+    return migrate_with_notes(source, filename)[0]
+
+
+def migrate_with_notes(source: str, filename: str = "<source>") -> tuple[str, list[Kept]]:
+    """``migrate_source``'s text, and the Accelerate names left imported from Accelerate (x has none).
 
     Raises:
         MigrateError: ``source`` does not parse.
@@ -116,10 +129,11 @@ def migrate_source(source: str, filename: str = "<source>") -> str:
         offsets.append(offsets[-1] + len(line.encode("utf-8")))
     data = source.encode("utf-8")
     edits: list[tuple[int, int, bytes]] = []
+    kept: list[Kept] = []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
-        new = _rewrite(node)
+        new = _rewrite(node, kept)
         if new is None:
             continue
         start = offsets[node.lineno - 1] + node.col_offset
@@ -131,7 +145,7 @@ def migrate_source(source: str, filename: str = "<source>") -> str:
         edits.append((start, end, text.encode("utf-8")))
     for start, end, replacement in sorted(edits, reverse=True):
         data = data[:start] + replacement + data[end:]
-    return data.decode("utf-8")
+    return data.decode("utf-8"), sorted(kept, key=lambda k: k.line)
 
 
 def _after_on_line(data: bytes, end: int) -> bool:
@@ -155,8 +169,9 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def migrate_file(path: str | Path, *, write: bool = False) -> str:
-    """The unified diff migrating ``path`` (empty when nothing changes); ``write``: also apply it.
+def migrate_file(path: str | Path, *, write: bool = False) -> tuple[str, list[str]]:
+    """The unified diff migrating ``path`` (empty when nothing changes) and one line per name left
+    imported from Accelerate; ``write``: also apply the diff.
 
     Raises:
         MigrateError: the file cannot be read or does not parse.
@@ -167,12 +182,13 @@ def migrate_file(path: str | Path, *, write: bool = False) -> str:
             before = src.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise MigrateError(f"{path}: cannot read: {exc}") from None
-    after = migrate_source(before, str(path))
+    after, kept = migrate_with_notes(before, str(path))
+    notes = [k.describe(str(path)) for k in kept]
     if after == before:
-        return ""
+        return "", notes
     diff = difflib.unified_diff(
         before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{path}", f"b/{path}"
     )
     if write:
         _write_atomically(path, after)
-    return "".join(line if line.endswith("\n") else line + "\n" for line in diff)
+    return "".join(line if line.endswith("\n") else line + "\n" for line in diff), notes

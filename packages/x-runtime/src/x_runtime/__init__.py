@@ -24,6 +24,8 @@ nothing shared between two), ``launchers/`` (``notebook_launcher``) and ``utils/
 ``accelerate.utils`` names).
 """
 
+from typing import Any
+
 from x_runtime._version import __version__
 from x_runtime.accelerator import Accelerator
 from x_runtime.accelerator.state_views import AcceleratorState, GradientState, PartialState
@@ -36,18 +38,26 @@ from x_runtime.core.configs import (
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
+    KwargsHandler,
     ProfileKwargs,
     ProjectConfiguration,
     TERecipeKwargs,
 )
-from x_runtime.core.memory import find_executable_batch_size, free_memory, release_memory
-from x_runtime.core.nested import send_to_device
+from x_runtime.core.memory import (
+    clear_device_cache,
+    find_executable_batch_size,
+    free_memory,
+    release_memory,
+    should_reduce_batch_size,
+)
+from x_runtime.core.nested import find_batch_size, is_namedtuple, send_to_device
 from x_runtime.core.random_state import set_seed, synchronize_rng_states
 from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
-from x_runtime.data.samplers import SeedableRandomSampler
+from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 from x_runtime.launchers.notebook import notebook_launcher
 from x_runtime.optim.local_sgd import LocalSGD
 from x_runtime.precision.dynamo import TorchDynamoPlugin
+from x_runtime.precision.policy import convert_to_fp32
 from x_runtime.process.collectives import (
     broadcast,
     broadcast_object_list,
@@ -60,7 +70,7 @@ from x_runtime.process.collectives import (
 from x_runtime.process.debug import debug_mode, set_debug_mode, verify_operation
 from x_runtime.process.distributed_type import DistributedType
 from x_runtime.process.errors import DistributedOperationException
-from x_runtime.process.logging import get_logger
+from x_runtime.process.logging import MultiProcessAdapter, get_logger
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
 from x_runtime.strategies.fsdp_merge import load_fsdp_model, merge_fsdp_weights, save_fsdp_model
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
@@ -72,6 +82,7 @@ __all__ = [
     "Accelerator",
     "AcceleratorState",
     "AutocastKwargs",
+    "BatchSamplerShard",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DeepSpeedPlugin",
@@ -83,23 +94,30 @@ __all__ = [
     "GradientAccumulationPlugin",
     "GradientState",
     "InitProcessGroupKwargs",
+    "KwargsHandler",
     "LocalSGD",
+    "MultiProcessAdapter",
     "PartialState",
     "ProfileKwargs",
     "ProjectConfiguration",
     "SeedableRandomSampler",
+    "SkipBatchSampler",
     "TERecipeKwargs",
     "TorchDynamoPlugin",
     "__version__",
     "broadcast",
     "broadcast_object_list",
+    "clear_device_cache",
+    "convert_to_fp32",
     "copy_tensor_to_devices",
     "debug_mode",
+    "find_batch_size",
     "find_executable_batch_size",
     "free_memory",
     "gather",
     "gather_object",
     "get_logger",
+    "is_namedtuple",
     "load_fsdp_model",
     "merge_fsdp_weights",
     "notebook_launcher",
@@ -111,8 +129,22 @@ __all__ = [
     "send_to_device",
     "set_debug_mode",
     "set_seed",
+    "should_reduce_batch_size",
     "skip_first_batches",
     "synchronize_rng_states",
     "verify_operation",
 ]
 __all__ += _utils_names
+
+# Accelerate's tracking names, loaded on first use as x_runtime.tracking loads them: importing
+# x_runtime imports neither the tracker registry nor a backend's module.
+_TRACKING = ("GeneralTracker", "LoggerType", "MLflowTracker", "TensorBoardTracker", "WandBTracker", "filter_trackers")
+__all__ += _TRACKING
+
+
+def __getattr__(name: str) -> Any:
+    if name in _TRACKING:
+        from x_runtime import tracking
+
+        return getattr(tracking, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

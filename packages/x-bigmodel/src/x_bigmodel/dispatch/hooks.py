@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 __all__ = ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module"]
@@ -23,7 +24,8 @@ _HANDLES = "_x_hook_handles"
 
 class ModelHook:
     """Base class: override what you need. ``pre_forward`` returns ``(args, kwargs)``;
-    ``post_forward`` returns the output to hand back."""
+    ``post_forward`` returns the output to hand back. With ``no_grad`` the module's own forward
+    (not the hook's two halves) runs without recording gradients, as Accelerate's."""
 
     no_grad = False
 
@@ -87,11 +89,20 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
         if append:
             hook = SequentialHook(*(existing.hooks if isinstance(existing, SequentialHook) else [existing]), hook)
     module = hook.init_hook(module)
+    # Grad modes before the forwards running under no_grad, innermost last: a module may call itself.
+    grad_modes: list[bool] = []
 
     def pre(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        return hook.pre_forward(mod, *args, **kwargs)
+        args, kwargs = hook.pre_forward(mod, *args, **kwargs)
+        if hook.no_grad:
+            grad_modes.append(torch.is_grad_enabled())
+            torch.set_grad_enabled(False)
+        return args, kwargs
 
     def post(mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> Any:
+        # Runs after an exception in the forward too (always_call): the grad mode is always restored.
+        if grad_modes:
+            torch.set_grad_enabled(grad_modes.pop())
         return hook.post_forward(mod, output)
 
     handles = (

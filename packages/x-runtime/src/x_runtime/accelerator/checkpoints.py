@@ -25,12 +25,16 @@ class CheckpointMethods(AcceleratorFields):
     """Accelerate's saving and loading methods, over what the accelerator prepared."""
 
     def register_for_checkpointing(self, *objects: Any) -> None:
-        """Also save and restore these objects (each needs ``state_dict``/``load_state_dict``)."""
+        """Also save and restore these objects (each needs ``state_dict``/``load_state_dict``).
+
+        Raises:
+            ValueError: (as Accelerate) objects without them; the message names their types.
+        """
         invalid = [
             type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
         ]
         if invalid:
-            raise TypeError(f"register_for_checkpointing: {', '.join(invalid)} lack state_dict/load_state_dict")
+            raise ValueError(f"register_for_checkpointing: {', '.join(invalid)} lack state_dict/load_state_dict")
         self._prepared.custom.extend(objects)
 
     def _parts(self) -> CheckpointParts:

@@ -76,8 +76,10 @@ class PrepareMethods(AcceleratorFields):
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
     ) -> torch.nn.Module:
         """Place ``model``, autocast its forward under mixed precision, distribute it, compile it."""
-        if any(model is m or model is unwrap_model(m) for m in self._prepared.models):
-            raise ValueError("this model is already prepared; prepare each model once")
+        for prepared in self._prepared.models:
+            # Prepared already, as is or inside its wrapper: Accelerate hands it back, never wrapping twice.
+            if model is prepared or model is unwrap_model(prepared):
+                return prepared
         if self.device_placement if device_placement is None else device_placement:
             model = self.strategy.place_model(model)
         if self.fp8_recipe is not None:

@@ -1,10 +1,11 @@
-"""The user's model inside what prepare wrapped it in: ``torch.compile``, DDP, a DeepSpeed engine."""
+"""The user's model inside what prepare (or the user) wrapped it in: ``torch.compile``, DDP,
+``DataParallel``, a DeepSpeed engine."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch.nn.parallel import DistributedDataParallel
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 __all__ = ["unwrap_model"]
 
@@ -15,7 +16,7 @@ def unwrap_model(model: Any, *, keep_torch_compile: bool = False, through_ddp: b
     Args:
         model: a prepared model.
         keep_torch_compile: return the compiled wrapper when the model was compiled whole.
-        through_ddp: unwrap DDP too (``no_sync`` needs the DDP wrapper itself).
+        through_ddp: unwrap DDP and ``DataParallel`` too (``no_sync`` needs the DDP wrapper itself).
 
     Examples:
         >>> import torch
@@ -28,9 +29,9 @@ def unwrap_model(model: Any, *, keep_torch_compile: bool = False, through_ddp: b
         model = compiled._orig_mod
     if type(model).__name__ == "DeepSpeedEngine":
         return model.module
-    if isinstance(model, DistributedDataParallel):
+    if isinstance(model, (DistributedDataParallel, DataParallel)):
         if not through_ddp:
             return model
-        # A compiled DDP wrapper cannot be kept without the DDP inside it: return the model.
+        # A compiled DDP (DataParallel) wrapper cannot be kept without the wrapper inside it: return the model.
         return unwrap_model(model.module, keep_torch_compile=keep_torch_compile)
     return compiled if keep_torch_compile and compiled is not None else model

@@ -60,7 +60,7 @@ class _PreparedLoader(DataLoader):
         self.__dict__["_exposed_sampler"] = None
         super().__init__(dataset, **dataloader_kwargs)
         self._iterable = isinstance(dataset, IterableDataset)
-        inner = None
+        inner = source = None
         sharding = sharding if sharding is not None else Sharding()
         self.sharding = sharding
         self.num_processes = sharding.num_processes
@@ -96,8 +96,13 @@ class _PreparedLoader(DataLoader):
         self.remainder = -1
         self._resume = 0
         self._cursor = _Cursor()
-        dataset_set_epoch = getattr(dataset, "set_epoch", None)
-        self._dataset_set_epoch = dataset_set_epoch if callable(dataset_set_epoch) else None
+        # The epoch also reaches the user's batch sampler, sampler and dataset, each with a set_epoch
+        # of its own (a seedable sampler x drives itself is the epoch source, not told twice).
+        told: list[Any] = []
+        for obj in (source, inner, dataset):  # by identity: datasets need not be hashable
+            if obj is not None and obj is not self._epochs and all(obj is not seen for seen in told):
+                told.append(obj)
+        self._epoch_hooks = [f for f in (getattr(obj, "set_epoch", None) for obj in told) if callable(f)]
         self._init_kwargs = {
             "sharding": sharding,
             "device": device,
@@ -153,10 +158,11 @@ class _PreparedLoader(DataLoader):
         return running if running is not None else self._epochs.epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration run ``epoch`` (shuffle order and the dataset's own ``set_epoch``)."""
+        """Make the next iteration run ``epoch``: the shuffle order, and the ``set_epoch`` of the user's
+        batch sampler, sampler and dataset (each that has one), as Accelerate's loaders call them."""
         self._epochs.set_epoch(epoch)
-        if self._dataset_set_epoch is not None:
-            self._dataset_set_epoch(epoch)
+        for tell in self._epoch_hooks:
+            tell(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the iteration stands, as JSON-able values.
@@ -313,8 +319,8 @@ class _PreparedLoader(DataLoader):
         cursor.offset = self._stream_skip()
         self.end_of_dataloader = False
         self.remainder = -1
-        if self._dataset_set_epoch is not None:
-            self._dataset_set_epoch(epoch)
+        for tell in self._epoch_hooks:
+            tell(epoch)
         # Batches move only to a device other than the CPU (``_move``); None leaves them where loaded.
         device, non_blocking = (self.device if self._move else None), self.non_blocking
         # Across processes with uneven batches "the last global step" has no single size.

@@ -168,9 +168,9 @@ class BatchSamplerShard(Sampler[list[int]]):
         batch_sampler: Iterable[Any],
         num_processes: int = 1,
         process_index: int = 0,
-        *,
-        split_batches: bool = False,
+        split_batches: bool = False,  # positional too, in Accelerate's order
         even_batches: bool = True,
+        *,
         drop_last: bool | None = None,
     ) -> None:
         self._setup(batch_sampler, Sharding(num_processes, process_index, split_batches, even_batches), drop_last)

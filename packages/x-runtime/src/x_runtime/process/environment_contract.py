@@ -43,6 +43,7 @@ class Request:
     asked: str | None  # the launcher's distributed_type (XLA is the environment's to answer)
     cpu: bool
     group: GroupOptions = GroupOptions()
+    device: str | None = None  # X_TORCH_DEVICE (Accelerate's ACCELERATE_TORCH_DEVICE): the device, as written
 
     @classmethod
     def read(
@@ -51,7 +52,7 @@ class Request:
         where = process_env(environ)
         asked = env.DISTRIBUTED_TYPE.read(environ)
         cpu = cpu or bool(env.USE_CPU.read(environ))
-        return cls(environ, where, asked, cpu, group or GroupOptions())
+        return cls(environ, where, asked, cpu, group or GroupOptions(), env.TORCH_DEVICE.read(environ))
 
     def group_timeout(self) -> timedelta:
         return self.group.timeout or timedelta(seconds=env.PROCESS_GROUP_TIMEOUT.read(self.environ))

@@ -76,7 +76,7 @@ class _TorchEnvironment:
 
     def locate(self, request: Request) -> Placement:
         where = request.where
-        device = _pick_device(request.cpu, where.local_rank)
+        device = _pick_device(request.cpu, where.local_rank, request.device)
         launched = self.launched(request)
         joins = where.is_distributed or (request.group.sharded and launched)
         group = request.group
@@ -163,7 +163,15 @@ def locate(request: Request) -> Placement:
     raise AssertionError("SingleEnvironment detects every process")  # pragma: no cover
 
 
-def _pick_device(cpu: bool, local_rank: int) -> torch.device:
+def _pick_device(cpu: bool, local_rank: int, named: str | None = None) -> torch.device:
+    if named is not None:  # as Accelerate: the variable names the device outright
+        try:
+            return torch.device(named)
+        except RuntimeError:
+            names = " or ".join([env.TORCH_DEVICE.name, *(f.name for f in env.TORCH_DEVICE.fallbacks)])
+            raise ValueError(
+                f"{names} is {named!r}, not a torch device; write one as torch does: cpu, cuda:1, xpu:0"
+            ) from None
     if cpu:
         return torch.device("cpu")
     if torch.cuda.is_available():

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from x_runtime.core.offloaded import state_dict_of
 from x_runtime.io.files import torch_load, torch_save
 from x_runtime.io.model_files import load_tensors_file, save_tensors_file
 from x_runtime.strategies.base import Replacements
@@ -82,13 +83,14 @@ class StrategyDefaults:
 
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The whole model's weights (every rank calls this; only the main process needs them)."""
-        weights: dict[str, torch.Tensor] = self.to_host(model.state_dict())  # to_host keeps the dict's shape
+        # Offloaded (meta) weights are read back from their hooks; to_host keeps the dict's shape.
+        weights: dict[str, torch.Tensor] = self.to_host(state_dict_of(model))
         return weights
 
     def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
         """Write ``model``'s weights under ``folder`` when this rank assembles it (replicas: any rank can)."""
         if writer:
-            save_tensors_file(self.to_host(model.state_dict()), folder / f"{name}.safetensors")
+            save_tensors_file(self.to_host(state_dict_of(model)), folder / f"{name}.safetensors")
         return {"layout": "full"}
 
     def load_model_files(

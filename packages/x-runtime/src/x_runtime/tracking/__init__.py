@@ -2,8 +2,8 @@
 
 ``registry`` resolves ``log_with`` (names, ``"all"``, custom trackers) and builds the trackers;
 ``base`` holds ``GeneralTracker``, Accelerate's tracker interface; ``tensorboard``, ``wandb``
-and ``mlflow`` are the built-in backends, each importing its package only when built.
-``accelerator_tracking`` holds the ``Accelerator``'s tracking methods.
+and ``mlflow`` are the built-in backends, each importing its package only when built. The
+``Accelerator``'s tracking methods are in ``accelerator.tracking``.
 
 The names below load on first use, so ``import x_runtime`` does not import the registry or the
 backends' modules (a run that logs nothing never does).
