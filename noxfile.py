@@ -213,6 +213,23 @@ def compat(session: nox.Session) -> None:
     session.run("python", "compat/run.py", "--out", str(Path(session.create_tmp()) / "compat"), *session.posargs)
 
 
+@session(name="compat-unit", tags=("ci",))
+def compat_unit(session: nox.Session) -> None:
+    """Accelerate's own unit tests (tests/ of its pinned sdist), on Accelerate and on x, test by test.
+
+    compat/unit.py downloads the sdist (nothing of Accelerate's is kept here), migrates a copy of
+    each test file with x-launch migrate, runs both with pytest and fails on any test Accelerate
+    passes and x does not, unless compat/unit_gaps.txt lists it with its reason. Posargs go to
+    compat/unit.py (e.g. --files test_hooks.py, --update-gaps).
+    """
+    # Accelerate is the source of the tests and the side-by-side reference, installed only here; the rest
+    # is what its tests import.
+    tools = ("accelerate", "pytest", "parameterized", "psutil", "datasets", "torchdata", "transformers", "tensorboard")
+    install(session, PACKAGES, tools=tools)
+    session.run("python", "-m", "pytest", "compat/test_unit.py", "-q", "-p", "no:cacheprovider")
+    session.run("python", "compat/unit.py", "--out", str(Path(session.create_tmp()) / "compat-unit"), *session.posargs)
+
+
 DIST = ROOT / "dist"
 
 

@@ -41,3 +41,14 @@ def test_the_grad_mode_comes_back_when_the_forward_raises() -> None:
     with torch.no_grad():  # and a caller's own no_grad stays as it was
         add_hook_to_module(nn.Linear(2, 2), _no_grad(ModelHook))(torch.ones(1, 2))
         assert not torch.is_grad_enabled()
+
+
+def test_remove_hook_from_submodules_removes_every_hook_below() -> None:
+    from x_bigmodel import remove_hook_from_submodules
+
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
+    for module in (model, model[0], model[1][0]):
+        add_hook_to_module(module, _no_grad(ModelHook))
+    remove_hook_from_submodules(model)
+    assert not any(hasattr(module, "_hf_hook") for module in model.modules())
+    assert model(torch.ones(1, 2)).requires_grad  # the forwards are plain again

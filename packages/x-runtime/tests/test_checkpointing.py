@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -176,5 +177,31 @@ def test_save_model_shards_with_an_index_and_keeps_ties(tmp_path) -> None:
 
 def test_registering_an_object_without_state_dict_is_a_value_error() -> None:
     # Accelerate raises ValueError here; code written for it catches that.
-    with pytest.raises(ValueError, match=r"^register_for_checkpointing: int, object lack state_dict/load_state_dict$"):
+    expected = (
+        "every object needs state_dict and load_state_dict; Item at index 1 (int), Item at index 2 (object) lack them"
+    )
+    with pytest.raises(ValueError, match=rf"^register_for_checkpointing: {re.escape(expected)}$"):
         Accelerator(cpu=True).register_for_checkpointing(torch.nn.Linear(1, 1), 3, object())
+
+
+@pytest.mark.parametrize("shard", ["10GB", 300])
+def test_save_model_writes_pytorch_model_bin_without_safe_serialization(tmp_path, shard) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(10, 8), torch.nn.Linear(8, 8, bias=False), torch.nn.Linear(8, 10, bias=False)
+    )
+    model[2].weight = model[0].weight  # tied: stored once (320 bytes), the 8x8 weight in a shard of its own
+    Accelerator(cpu=True).save_model(model, tmp_path, max_shard_size=shard, safe_serialization=False)
+    if shard == "10GB":
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["pytorch_model.bin"]
+        loaded = torch.load(tmp_path / "pytorch_model.bin", weights_only=True)
+    else:
+        index = json.loads((tmp_path / "pytorch_model.bin.index.json").read_text())
+        files = sorted(set(index["weight_map"].values()))
+        assert files == sorted(p.name for p in tmp_path.glob("pytorch_model-*-of-*.bin")) and len(files) > 1
+        loaded = {}
+        for name in files:
+            loaded.update(torch.load(tmp_path / name, weights_only=True))
+    assert sorted(loaded) == ["0.weight", "1.weight", "2.weight"]
+    assert torch.equal(loaded["1.weight"], model[1].weight)
+    assert torch.equal(loaded["0.weight"], model[0].weight) and loaded["2.weight"] is loaded["0.weight"]  # tied

@@ -182,3 +182,44 @@ def test_accelerate_names_on_two_processes(workers) -> None:
     assert zero["shards"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert zero["merged_equal"] is True
     assert zero["loaded_equal"] and one["loaded_equal"]
+
+
+def test_version_checks_compare_as_accelerate_does() -> None:
+    from x_runtime.utils import compare_versions, is_torch_version
+
+    assert is_torch_version(">=", "2.4") and not is_torch_version("<", "2.4")
+    assert is_torch_version("==", torch.__version__.split("+")[0]) is (
+        torch.__version__ == torch.__version__.split("+")[0]
+    )
+    assert compare_versions("1.10.0", ">", "1.9") and compare_versions("2.13.0+cpu", ">=", "2.13")
+    assert compare_versions("torch", "!=", "0.1")  # a distribution name: its installed version
+    with pytest.raises(
+        ValueError, match=r"`operation` must be one of \['>', '>=', '==', '!=', '<=', '<'\], received =>"
+    ):
+        compare_versions("torch", "=>", "2.0")
+
+
+def test_clear_environment_empties_it_and_gives_back_exactly_what_was_there(monkeypatch) -> None:
+    from x_runtime.utils import clear_environment
+
+    monkeypatch.setenv("X_TEST_KEPT", "1")
+    before = dict(os.environ)
+    with clear_environment():
+        assert dict(os.environ) == {}
+        os.environ["X_TEST_ADDED"] = "2"
+    assert dict(os.environ) == before
+
+
+def test_extract_model_from_parallel_removes_wrappers_and_optionally_the_fp32_forward() -> None:
+    from x_runtime.utils import extract_model_from_parallel
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    inner = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    prepared = accelerator.prepare(inner)
+    assert extract_model_from_parallel(torch.nn.DataParallel(prepared)) is inner
+    assert prepared(torch.ones(1, 2)).dtype == torch.float32  # the fp32 output wrapper stays by default
+    parent = torch.nn.Sequential(torch.nn.DataParallel(torch.nn.Linear(2, 2)))
+    extract_model_from_parallel(parent, recursive=True)
+    assert isinstance(parent[0], torch.nn.Linear)
+    extract_model_from_parallel(prepared, keep_fp32_wrapper=False)
+    assert "forward" not in inner.__dict__

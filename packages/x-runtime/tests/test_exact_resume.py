@@ -148,3 +148,20 @@ def test_a_global_rng_shuffle_replays_its_seed_and_draws_nothing_on_resume(state
     rest = resumed if stateful else skip_first_batches(resumed, 2)
     assert [batch.tolist() for batch in rest] == epoch[2:]
     assert torch.equal(torch.rand(3), after)
+
+
+@pytest.mark.parametrize("stateful", [True, False])
+def test_a_loader_resumed_mid_epoch_keeps_the_epochs_length(stateful: bool) -> None:
+    # Accelerate's len() after load_state is the epoch's; loops sized by it (range(len(dl))) run whole.
+    loader = _loader(stateful)
+    for seen, _batch in enumerate(loader, start=1):
+        if seen == 1:
+            state = json.loads(json.dumps(loader.state_dict()))
+            break
+    resumed = _loader(stateful)
+    resumed.load_state_dict(state)
+    assert len(resumed) == 4
+    # A stateful loader hands out the rest of the epoch; a plain one starts it again (as Accelerate's:
+    # skip_first_batches resumes it).
+    assert len(list(resumed)) == (3 if stateful else 4)
+    assert len(resumed) == 4 and len(list(resumed)) == 4  # and the next epoch is whole

@@ -222,3 +222,12 @@ def test_clear_device_cache_empties_every_available_backend(monkeypatch: pytest.
         monkeypatch.setattr(torch.xpu, "empty_cache", lambda: emptied.append("xpu"))
     clear_device_cache(garbage_collection=True)
     assert sorted(emptied) == sorted(["cuda", "mps"] + (["xpu"] if hasattr(torch, "xpu") else []))
+
+
+def test_a_starting_size_of_zero_fails_when_called_as_accelerate_does(clears: list[bool]) -> None:
+    @find_executable_batch_size(starting_batch_size=0)
+    def train(batch_size):
+        raise AssertionError("must not run")
+
+    with pytest.raises(RuntimeError, match=r"^No executable batch size found, reached zero\.$"):
+        train()

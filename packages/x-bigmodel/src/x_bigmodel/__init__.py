@@ -20,9 +20,25 @@ from x_bigmodel.dispatch.entry_points import (
     dispatch_model,
     load_checkpoint_and_dispatch,
 )
-from x_bigmodel.dispatch.hooks import ModelHook, SequentialHook, add_hook_to_module, remove_hook_from_module
+from x_bigmodel.dispatch.hooks import (
+    ModelHook,
+    SequentialHook,
+    add_hook_to_module,
+    remove_hook_from_module,
+    remove_hook_from_submodules,
+)
 from x_bigmodel.dispatch.offload_hook import CpuOffload, UserCpuOffloadHook
 from x_bigmodel.loading.checkpoint import load_checkpoint_in_model, set_module_tensor_to_device
+from x_bigmodel.planning.accelerate_sizes import (
+    compute_module_sizes,
+    compute_module_total_buffer_size,
+    convert_file_size_to_int,
+    dtype_byte_size,
+    find_tied_parameters,
+    get_non_persistent_buffers,
+    named_module_tensors,
+    retie_parameters,
+)
 from x_bigmodel.planning.device_map import (
     get_balanced_memory,
     get_max_memory,
@@ -42,20 +58,29 @@ __all__ = [
     "__version__",
     "add_hook_to_module",
     "check_device_map",
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
+    "convert_file_size_to_int",
     "cpu_offload",
     "cpu_offload_with_hook",
     "disk_offload",
     "dispatch_model",
+    "dtype_byte_size",
     "find_device",
+    "find_tied_parameters",
     "from_pretrained",
     "get_balanced_memory",
     "get_max_memory",
+    "get_non_persistent_buffers",
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
+    "named_module_tensors",
     "remove_hook_from_module",
+    "remove_hook_from_submodules",
     "resolve_device_map",
+    "retie_parameters",
     "set_module_tensor_to_device",
 ]

@@ -53,6 +53,7 @@ from x_runtime.core.memory import (
 from x_runtime.core.nested import find_batch_size, is_namedtuple, send_to_device
 from x_runtime.core.random_state import set_seed, synchronize_rng_states
 from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
+from x_runtime.data.loaders import DataLoaderDispatcher, DataLoaderShard
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 from x_runtime.launchers.notebook import notebook_launcher
 from x_runtime.optim.local_sgd import LocalSGD
@@ -85,6 +86,8 @@ __all__ = [
     "BatchSamplerShard",
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
+    "DataLoaderDispatcher",
+    "DataLoaderShard",
     "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",

@@ -17,7 +17,13 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["ModelHook", "SequentialHook", "add_hook_to_module", "remove_hook_from_module"]
+__all__ = [
+    "ModelHook",
+    "SequentialHook",
+    "add_hook_to_module",
+    "remove_hook_from_module",
+    "remove_hook_from_submodules",
+]
 
 _HANDLES = "_x_hook_handles"
 
@@ -136,3 +142,15 @@ def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Modu
         for child in module.children():
             remove_hook_from_module(child, recurse=True)
     return module
+
+
+def remove_hook_from_submodules(module: nn.Module) -> None:
+    """Remove the hooks of ``module`` and of every module below it (Accelerate's name for the recursion).
+
+    Examples:
+        >>> model = nn.Sequential(add_hook_to_module(nn.Identity(), ModelHook()))
+        >>> remove_hook_from_submodules(model)
+        >>> hasattr(model[0], "_hf_hook")
+        False
+    """
+    remove_hook_from_module(module, recurse=True)

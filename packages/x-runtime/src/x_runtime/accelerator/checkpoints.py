@@ -31,10 +31,15 @@ class CheckpointMethods(AcceleratorFields):
             ValueError: (as Accelerate) objects without them; the message names their types.
         """
         invalid = [
-            type(o).__name__ for o in objects if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
+            f"Item at index {i} ({type(o).__name__})"
+            for i, o in enumerate(objects)
+            if not (hasattr(o, "state_dict") and hasattr(o, "load_state_dict"))
         ]
         if invalid:
-            raise ValueError(f"register_for_checkpointing: {', '.join(invalid)} lack state_dict/load_state_dict")
+            raise ValueError(
+                f"register_for_checkpointing: every object needs state_dict and load_state_dict; {', '.join(invalid)} "
+                f"lack{'s' if len(invalid) == 1 else ''} them"
+            )
         self._prepared.custom.extend(objects)
 
     def _parts(self) -> CheckpointParts:
@@ -89,14 +94,18 @@ class CheckpointMethods(AcceleratorFields):
         max_shard_size: int | str = "10GB",
         safe_serialization: bool = True,
     ) -> None:
-        """Weights as ``model.safetensors``, or shards plus ``model.safetensors.index.json``."""
-        if not safe_serialization:
-            raise ValueError("safe_serialization=False: x_runtime writes weights as safetensors only")
+        """Weights as ``model.safetensors``, or shards plus ``model.safetensors.index.json``.
+
+        ``safe_serialization=False`` writes ``pytorch_model.bin`` (or its shards and index), as
+        Accelerate does: plain tensors only, which ``torch.load(weights_only=True)`` reads.
+        """
         if Path(save_directory).is_file():
             raise ValueError(f"save_model: {save_directory} is a file; give a directory")
         state_dict = self.get_state_dict(model)
         if self.process_state.is_main_process:
-            save_state_dict_files(state_dict, save_directory, max_shard_size=max_shard_size)
+            save_state_dict_files(
+                state_dict, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization
+            )
         self.process_state.wait_for_everyone()
 
     def save(self, obj: Any, f: str | os.PathLike[str], safe_serialization: bool = False) -> None:

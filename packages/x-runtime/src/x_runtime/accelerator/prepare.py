@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from x_runtime.accelerator.extract import extract_model_from_parallel
 from x_runtime.accelerator.fields import AcceleratorFields
 from x_runtime.accelerator.prepared import is_scheduler, kind_order
 from x_runtime.core.unwrap import unwrap_model
@@ -19,7 +20,6 @@ from x_runtime.data.sharding import Sharding
 from x_runtime.optim.optimizer import AcceleratedOptimizer
 from x_runtime.optim.scheduler import AcceleratedScheduler
 from x_runtime.precision.dynamo import compile_model
-from x_runtime.precision.policy import unwrap_forward
 from x_runtime.strategies.base import Replacements
 
 __all__ = ["PrepareMethods"]
@@ -150,7 +150,4 @@ class PrepareMethods(AcceleratorFields):
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
     ) -> Any:
         """The user's model inside DDP (and torch.compile unless ``keep_torch_compile``)."""
-        inner = unwrap_model(model, keep_torch_compile=keep_torch_compile)
-        if not keep_fp32_wrapper:
-            unwrap_forward(inner)
-        return inner
+        return extract_model_from_parallel(model, keep_fp32_wrapper, keep_torch_compile)

@@ -1,13 +1,20 @@
-"""``patch_environment``: set environment variables for the length of a block, as Accelerate's does."""
+"""``patch_environment`` and ``clear_environment``: the environment changed for the length of a block, as
+Accelerate's are."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["patch_environment"]
+T = TypeVar("T")
+# Variables a call may set for the launcher or runtime (transformers sets ACCELERATE_MIXED_PRECISION, for one).
+_PREFIXES = ("ACCELERATE_", "X_")
+_WRAPPED = "_x_purges_environment"
+
+__all__ = ["clear_environment", "patch_environment", "purge_accelerate_environment"]
 
 
 @contextlib.contextmanager
@@ -38,3 +45,81 @@ def patch_environment(**kwargs: Any) -> Iterator[None]:
                 os.environ[key] = existing[key]
             else:
                 os.environ.pop(key, None)
+
+
+@contextlib.contextmanager
+def clear_environment() -> Iterator[None]:
+    """Empty ``os.environ`` for the block; on exit it holds exactly what it held before.
+
+    Examples:
+        >>> os.environ["X_DOC_EXAMPLE"] = "kept"
+        >>> with clear_environment():
+        ...     len(os.environ)
+        0
+        >>> os.environ.pop("X_DOC_EXAMPLE")
+        'kept'
+    """
+    saved = os.environ.copy()
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()  # what the block added goes too
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _purged() -> Iterator[None]:
+    before = {k: v for k, v in os.environ.items() if k.startswith(_PREFIXES)}
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith(_PREFIXES)]:
+            if key in before:
+                os.environ[key] = before[key]
+            else:
+                del os.environ[key]
+        os.environ.update(before)  # and what the call removed comes back
+
+
+def purge_accelerate_environment(func_or_cls: T) -> T:
+    """Undo the ``ACCELERATE_*`` (and x's ``X_*``) variables a function, or each ``test*`` method of a
+    class and its subclasses, sets or changes, as Accelerate's decorator of that name does.
+
+    Examples:
+        >>> @purge_accelerate_environment
+        ... def configure():
+        ...     os.environ["ACCELERATE_MIXED_PRECISION"] = "fp16"
+        >>> configure()
+        >>> "ACCELERATE_MIXED_PRECISION" in os.environ
+        False
+    """
+
+    def wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with _purged():
+                return func(*args, **kwargs)
+
+        setattr(wrapper, _WRAPPED, True)
+        return wrapper
+
+    if not isinstance(func_or_cls, type):
+        return wrap(func_or_cls)  # type: ignore[arg-type,return-value]
+
+    def wrap_tests(cls: type) -> None:
+        for name in dir(cls):
+            method = getattr(cls, name)
+            if name.startswith("test") and callable(method) and not getattr(method, _WRAPPED, False):
+                setattr(cls, name, wrap(method))
+
+    wrap_tests(func_or_cls)
+    previous = func_or_cls.__dict__.get("__init_subclass__")
+
+    def init_subclass(cls: type, **kwargs: Any) -> None:
+        if previous is not None:
+            previous.__get__(None, cls)(**kwargs)
+        wrap_tests(cls)
+
+    func_or_cls.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+    return func_or_cls

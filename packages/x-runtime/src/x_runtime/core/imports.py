@@ -19,9 +19,11 @@ from x_runtime.core.environment import patch_environment
 __all__ = [
     "is_bf16_available",
     "is_bnb_available",
+    "is_comet_ml_available",
     "is_cuda_available",
     "is_datasets_available",
     "is_deepspeed_available",
+    "is_dvclive_available",
     "is_fp16_available",
     "is_hpu_available",
     "is_ipex_available",
@@ -35,6 +37,8 @@ __all__ = [
     "is_sdaa_available",
     "is_tensorboard_available",
     "is_torch_xla_available",
+    "is_torchdata_available",
+    "is_torchdata_stateful_dataloader_available",
     "is_transformers_available",
     "is_wandb_available",
     "is_xpu_available",
@@ -222,3 +226,22 @@ def is_mlflow_available() -> bool:
     if _installed("mlflow"):
         return True
     return importlib.util.find_spec("mlflow") is not None and _installed("mlflow", "mlflow-skinny")
+
+
+def is_comet_ml_available() -> bool:
+    return _installed("comet_ml")
+
+
+def is_dvclive_available() -> bool:
+    return _installed("dvclive")
+
+
+def is_torchdata_available() -> bool:
+    return _installed("torchdata")
+
+
+def is_torchdata_stateful_dataloader_available() -> bool:
+    """torchdata 0.8 or newer, which has ``StatefulDataLoader``."""
+    from x_runtime.core.versions import compare_versions
+
+    return is_torchdata_available() and compare_versions("torchdata", ">=", "0.8.0")

@@ -159,7 +159,8 @@ def find_executable_batch_size(
 
     Raises:
         TypeError: (when called) the batch size was passed explicitly.
-        RuntimeError: (when called) the batch size reached zero without a successful attempt.
+        RuntimeError: (when called) the batch size reached zero without a successful attempt (at once
+            for a ``starting_batch_size`` of 0, as Accelerate).
 
     Examples:
         >>> @find_executable_batch_size(starting_batch_size=64)
@@ -176,8 +177,6 @@ def find_executable_batch_size(
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
         )
-    if starting_batch_size < 1:
-        raise ValueError(f"starting_batch_size must be at least 1, got {starting_batch_size}")
 
     signature = inspect.signature(function)
     parameters = list(signature.parameters.values())

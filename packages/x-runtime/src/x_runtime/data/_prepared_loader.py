@@ -250,12 +250,14 @@ class _PreparedLoader(DataLoader):
         return 0
 
     def __len__(self) -> int:
-        return max(0, self._rank_length() - self.skip_batches - self._resume)
+        # The epoch's length, as Accelerate's: a resumed position (load_state) does not shorten it,
+        # so loops sized by len(loader) after resuming run the whole epoch's count.
+        return max(0, self._rank_length() - self.skip_batches)
 
     def _epoch_length(self) -> int | None:
         """Batches of a whole epoch on this process, skipped ones included (None: unknown)."""
         try:
-            return len(self) + self.skip_batches + self._resume
+            return len(self) + self.skip_batches
         except (TypeError, NotImplementedError):  # an iterable dataset without __len__
             return None
 

@@ -96,7 +96,7 @@ class DataLoaderShard(_PreparedLoader):
     def __len__(self) -> int:
         if self._skipper is None:
             return super().__len__()
-        return max(0, len(self._skipper) - self._resume)
+        return len(self._skipper)
 
     def _fast_source(self, skip: int) -> tuple[Iterator[Any], int]:
         if self._skipper is not None:

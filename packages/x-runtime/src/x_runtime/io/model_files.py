@@ -1,8 +1,10 @@
-"""Model weights as safetensors files: one file, or shards with a Hugging Face style index.
+"""Model weights as safetensors files (or, asked for, ``pytorch_model.bin`` files): one file, or
+shards with a Hugging Face style index.
 
 Tensors that share storage (tied embeddings) are stored once; the index and the file metadata
-name the aliases so loading restores the tie. Every file is written atomically, and shards left
-by an earlier save with a different shard count are removed only after the new set is complete.
+name the aliases so loading restores the tie (a ``.bin`` file keeps the tie as torch.save does,
+one storage). Every file is written atomically, and shards left by an earlier save with a
+different shard count are removed only after the new set is complete.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import functools
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from x_runtime.io.files import torch_save
 __all__ = [
     "SAFE_WEIGHTS_INDEX_NAME",
     "SAFE_WEIGHTS_NAME",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
     "load_state_dict_files",
     "load_tensors_file",
     "save_object",
@@ -34,7 +38,10 @@ __all__ = [
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+WEIGHTS_NAME = "pytorch_model.bin"  # Accelerate's and transformers' names for torch.save weights
+WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
 _SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+_BIN_SHARD = re.compile(r"pytorch_model-\d{5}-of-\d{5}\.bin")
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[Any, ...]:
@@ -108,15 +115,24 @@ def load_tensors_file(path: str | Path, *, device: str | torch.device = "cpu") -
 
 
 def save_state_dict_files(
-    state_dict: Mapping[str, torch.Tensor], directory: str | os.PathLike[str], *, max_shard_size: int | str = "10GB"
+    state_dict: Mapping[str, torch.Tensor],
+    directory: str | os.PathLike[str],
+    *,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
 ) -> list[Path]:
-    """Write ``state_dict`` into ``directory`` as safetensors; return the files written.
+    """Write ``state_dict`` into ``directory`` as safetensors (``.bin``: ``safe_serialization=False``).
+
+    Returns the files written. The ``.bin`` files hold plain tensors only, so
+    ``torch.load(path, weights_only=True)`` reads them.
 
     Examples:
         >>> import tempfile
         >>> folder = tempfile.mkdtemp()
         >>> [p.name for p in save_state_dict_files({"w": torch.ones(4)}, folder)]
         ['model.safetensors']
+        >>> [p.name for p in save_state_dict_files({"w": torch.ones(4)}, folder, safe_serialization=False)]
+        ['pytorch_model.bin']
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -126,29 +142,48 @@ def save_state_dict_files(
     tensors, aliases = _dedupe(state_dict)
     tensors = {name: tensor.cpu() for name, tensor in tensors.items()}
     shards = _shards(tensors, limit)
-    metadata = {"format": "pt", "aliases": json.dumps(aliases)}
+    if safe_serialization:
+        single, index_name, shard_name, pattern = (
+            SAFE_WEIGHTS_NAME,
+            SAFE_WEIGHTS_INDEX_NAME,
+            "model-{}-of-{}.safetensors",
+            _SHARD,
+        )
+        metadata = {"format": "pt", "aliases": json.dumps(aliases)}
+        write_shard: Callable[[dict[str, torch.Tensor], Path], None] = functools.partial(_save_shard, metadata=metadata)
+    else:
+        single, index_name, shard_name, pattern = (
+            WEIGHTS_NAME,
+            WEIGHTS_INDEX_NAME,
+            "pytorch_model-{}-of-{}.bin",
+            _BIN_SHARD,
+        )
+        # An alias is the same tensor object in its target's file: torch.save stores it once, tied.
+        for shard in shards:
+            shard.update({alias: shard[target] for alias, target in aliases.items() if target in shard})
+        write_shard = _torch_shard
     written: list[Path] = []
     if len(shards) == 1:
-        path = directory / SAFE_WEIGHTS_NAME
-        write_file_atomic(path, lambda tmp: save_file(shards[0], str(tmp), metadata=metadata))
+        path = directory / single
+        write_file_atomic(path, functools.partial(write_shard, shards[0]))
         written.append(path)
-        stale = [directory / SAFE_WEIGHTS_INDEX_NAME, *(p for p in directory.iterdir() if _SHARD.fullmatch(p.name))]
+        stale = [directory / index_name, *(p for p in directory.iterdir() if pattern.fullmatch(p.name))]
     else:
         weight_map: dict[str, str] = {}
         for number, shard in enumerate(shards, start=1):
-            name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+            name = shard_name.format(f"{number:05d}", f"{len(shards):05d}")
             path = directory / name
-            write_file_atomic(path, functools.partial(_save_shard, shard, metadata=metadata))
+            write_file_atomic(path, functools.partial(write_shard, shard))
             written.append(path)
             weight_map.update(dict.fromkeys(shard, name))
         weight_map.update({alias: weight_map[target] for alias, target in aliases.items()})
         total = sum(t.numel() * t.element_size() for t in tensors.values())
         index = {"metadata": {"total_size": total, "aliases": aliases}, "weight_map": dict(sorted(weight_map.items()))}
-        index_path = directory / SAFE_WEIGHTS_INDEX_NAME
+        index_path = directory / index_name
         write_file_atomic(index_path, lambda tmp: tmp.write_text(json.dumps(index, indent=2) + "\n"))
         written.append(index_path)
         keep = {p.name for p in written}
-        stale = [directory / SAFE_WEIGHTS_NAME, *(p for p in directory.iterdir() if _SHARD.fullmatch(p.name))]
+        stale = [directory / single, *(p for p in directory.iterdir() if pattern.fullmatch(p.name))]
         stale = [p for p in stale if p.name not in keep]
     for path in stale:
         if path.exists():
@@ -178,3 +213,8 @@ def load_state_dict_files(directory: str | Path, *, device: str | torch.device =
 
 def _save_shard(shard: dict[str, torch.Tensor], tmp: Path, *, metadata: dict[str, str] | None) -> None:
     save_file(shard, str(tmp), metadata=metadata)
+
+
+def _torch_shard(shard: dict[str, torch.Tensor], tmp: Path) -> None:
+    with open(tmp, "wb") as handle:  # a Python file: a full disk raises OSError(ENOSPC)
+        torch.save(shard, handle)

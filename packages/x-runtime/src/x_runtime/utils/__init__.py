@@ -1,4 +1,4 @@
-"""Accelerate's ``accelerate.utils`` names: the ``is_*_available`` checks and ``patch_environment``.
+"""Accelerate's ``accelerate.utils`` names: the ``is_*_available`` checks, version and environment helpers.
 
 The top layer of x_runtime, beside the facade: it holds no code of its own and re-exports names
 from the layers that keep them (``core.imports`` says what this machine has, devices asked
@@ -6,8 +6,18 @@ without initialising them and packages by their installed distribution; ``core.e
 sets variables for the length of a block).
 """
 
+from x_runtime.accelerator.extract import extract_model_from_parallel
 from x_runtime.core import imports
-from x_runtime.core.environment import patch_environment
+from x_runtime.core.environment import clear_environment, patch_environment, purge_accelerate_environment
 from x_runtime.core.imports import *  # noqa: F403 - every check, named once in imports.__all__
+from x_runtime.core.versions import compare_versions, is_torch_version
 
-__all__ = [*imports.__all__, "patch_environment"]
+__all__ = [
+    *imports.__all__,
+    "clear_environment",
+    "compare_versions",
+    "extract_model_from_parallel",
+    "is_torch_version",
+    "patch_environment",
+    "purge_accelerate_environment",
+]

@@ -1,0 +1,187 @@
+"""Accelerate's size and tie helpers, with its names and its counting, for code that calls them.
+
+x's own planning counts a tied tensor once in the total and in every module holding it
+(``x_common.module_sizes``); these functions count as Accelerate's do (a tied parameter in its
+first holder only, ``torch.bool`` as 1/8 byte), so code written against Accelerate gets the same
+numbers. ``dtype_byte_size``, ``convert_file_size_to_int``, ``named_module_tensors``,
+``get_non_persistent_buffers``, ``compute_module_sizes``, ``compute_module_total_buffer_size``,
+``find_tied_parameters`` and ``retie_parameters``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "compute_module_sizes",
+    "compute_module_total_buffer_size",
+    "convert_file_size_to_int",
+    "dtype_byte_size",
+    "find_tied_parameters",
+    "get_non_persistent_buffers",
+    "named_module_tensors",
+    "retie_parameters",
+]
+
+_ONE_BYTE = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
+_UNITS = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+
+
+def dtype_byte_size(dtype: torch.dtype) -> float:
+    """Bytes per element as Accelerate counts them: ``torch.bool`` is 1/8, every fp8 dtype 1.
+
+    Examples:
+        >>> dtype_byte_size(torch.bool), dtype_byte_size(torch.bfloat16), dtype_byte_size(torch.float32)
+        (0.125, 2, 4)
+
+    Raises:
+        ValueError: a dtype without a bit width in its name.
+    """
+    if dtype == torch.bool:
+        return 1 / 8
+    if any(getattr(torch, name, None) == dtype for name in _ONE_BYTE):
+        return 1
+    bits = re.search(r"[^\d](\d+)$", str(dtype))
+    if bits is None:
+        raise ValueError(f"`dtype` is not a valid dtype: {dtype}.")
+    return int(bits.group(1)) // 8
+
+
+def convert_file_size_to_int(size: int | str) -> int:
+    """Bytes in ``size``: an int, or a string such as ``"5GB"`` (10**9), ``"2GiB"`` (2**30), ``"8Mb"`` (bits).
+
+    Examples:
+        >>> convert_file_size_to_int("100MB"), convert_file_size_to_int("2GiB"), convert_file_size_to_int("8Mb")
+        (100000000, 2147483648, 1000000)
+
+    Raises:
+        ValueError: anything else (the message says what is accepted).
+    """
+    problem = (
+        f"`size` {size} is not in a valid format. Use an integer for bytes, or a string with an unit (like '5.0GB')."
+    )
+    if isinstance(size, int):
+        if size < 0:
+            raise ValueError(problem)
+        return size
+    for unit, scale in _UNITS.items():
+        if str(size).upper().endswith(unit):
+            try:
+                count = int(float(size[: -len(unit)]) * scale)
+            except ValueError:
+                raise ValueError(problem) from None
+            # "Gb"/"Mb"/"kb": bits, as Accelerate reads a lower-case b.
+            value = count // 8 if not unit.endswith("IB") and size.endswith("b") else count
+            if value < 0:
+                raise ValueError(problem)
+            return value
+    raise ValueError(problem)
+
+
+def named_module_tensors(
+    module: nn.Module, include_buffers: bool = True, recurse: bool = False, remove_non_persistent: bool = False
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for the parameters, then the buffers (less the non-persistent ones if asked)."""
+    yield from module.named_parameters(recurse=recurse)
+    if include_buffers:
+        skipped = get_non_persistent_buffers(module, recurse=recurse) if remove_non_persistent else set()
+        yield from ((name, b) for name, b in module.named_buffers(recurse=recurse) if name not in skipped)
+
+
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the buffers registered with ``persistent=False`` (dotted from ``module`` with ``fqns``)."""
+    names = set(module._non_persistent_buffers_set)
+    if recurse:
+        for prefix, child in module.named_modules():
+            names |= {
+                f"{prefix}.{b}" if fqns else b for b in child._non_persistent_buffers_set
+            }  # ".b" at the root, as Accelerate
+    return names
+
+
+def _dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, str):
+        found = getattr(torch, value.replace("torch.", ""))
+        assert isinstance(found, torch.dtype), value
+        return found
+    return value
+
+
+def compute_module_sizes(
+    model: nn.Module,
+    dtype: str | torch.dtype | None = None,
+    special_dtypes: dict[str, str | torch.dtype] | None = None,
+    buffers_only: bool = False,
+) -> defaultdict[str, int]:
+    """Bytes per module name (``""`` the whole model) and per tensor, as Accelerate's counts them.
+
+    ``dtype``: the dtype weights will be loaded in (never above a tensor's own; integer and bool
+    tensors keep theirs). ``special_dtypes``: per tensor name. A tied parameter counts once, in
+    the first module that holds it.
+
+    Examples:
+        >>> sizes = compute_module_sizes(nn.Linear(3, 4))
+        >>> sizes[""], sizes["weight"], sizes["bias"]
+        (64, 48, 16)
+    """
+    size_of = dtype_byte_size(_dtype(dtype)) if dtype is not None else None
+    special = {name: dtype_byte_size(_dtype(d)) for name, d in (special_dtypes or {}).items()}
+    tensors = model.named_buffers(recurse=True) if buffers_only else named_module_tensors(model, recurse=True)
+    sizes: defaultdict[str, int] = defaultdict(int)
+    for name, tensor in tensors:
+        own = dtype_byte_size(tensor.dtype)
+        if name in special:
+            per = special[name]
+        elif size_of is None or str(tensor.dtype).startswith(("torch.uint", "torch.int", "torch.bool")):
+            per = own
+        else:
+            per = min(size_of, own)
+        size = tensor.numel() * per
+        parts = name.split(".")
+        for depth in range(len(parts) + 1):
+            sizes[".".join(parts[:depth])] += size  # type: ignore[assignment]  # bool tensors: fractional bytes
+    return sizes
+
+
+def compute_module_total_buffer_size(
+    model: nn.Module, dtype: str | torch.dtype | None = None, special_dtypes: dict[str, Any] | None = None
+) -> int:
+    """Bytes of all the model's buffers, counted as ``compute_module_sizes`` counts them."""
+    return compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True).get("", 0)
+
+
+def find_tied_parameters(model: nn.Module, **kwargs: Any) -> list[list[str]]:
+    """Groups of parameter names that are one parameter, each group sorted (``[]`` when none are tied).
+
+    Examples:
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+        >>> model[1].weight = model[0].weight
+        >>> find_tied_parameters(model)
+        [['0.weight', '1.weight']]
+    """
+    every = dict(model.named_parameters(remove_duplicate=False))
+    first = dict(model.named_parameters())
+    groups: dict[str, set[str]] = {}
+    for name in set(every) - set(first):
+        owner = next(kept for kept, param in first.items() if param is every[name])
+        groups.setdefault(owner, set()).add(name)
+    return [sorted([owner, *names]) for owner, names in groups.items()]
+
+
+def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
+    """Make each group of names one parameter again: the first of them not on the meta device."""
+    for group in tied_params:
+        holders = []
+        for name in group:
+            module_name, _, leaf = name.rpartition(".")
+            holders.append((model.get_submodule(module_name), leaf))
+        kept = next((getattr(m, leaf) for m, leaf in holders if getattr(m, leaf).device.type != "meta"), None)
+        if kept is not None:
+            for module, leaf in holders:
+                setattr(module, leaf, kept)
