@@ -82,3 +82,11 @@ def test_a_gaps_line_of_an_unknown_kind_is_refused(tmp_path: Path) -> None:
     path.write_text(textwrap.dedent("# header\na.py::t | private | asserts _models\nb.py::t | maybe | ?\n"))
     with pytest.raises(SystemExit, match=r"b\.py::t: kind 'maybe' is not one of private, differs, gap"):
         unit.read_gaps(path)
+
+
+def test_a_relative_out_folder_still_finds_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "side").mkdir()
+    (tmp_path / "side" / "test_one.py").write_text("def test_one():\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    outcomes = unit.run_side(Path("side"), ("test_one.py",), timeout=120)
+    assert {name: outcome.status for name, outcome in outcomes.items()} == {"test_one.py::test_one": "passed"}

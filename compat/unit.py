@@ -167,6 +167,7 @@ def prepare(out: Path, sdist: Path, files: tuple[str, ...]) -> dict[str, list[st
 
 def run_side(folder: Path, files: tuple[str, ...], timeout: int) -> dict[str, Outcome]:
     """Each test's outcome, by ``file::Class::test`` id, from pytest's JUnit report."""
+    folder = folder.resolve()  # pytest runs inside it: a relative report path would land one level down
     report = folder / "junit.xml"
     environ = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "X_", "RANK", "WORLD_SIZE"))},
@@ -182,6 +183,8 @@ def run_side(folder: Path, files: tuple[str, ...], timeout: int) -> dict[str, Ou
         subprocess.run(command, cwd=folder, env=environ, timeout=timeout, stdout=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
         raise SystemExit(f"compat-unit: the {folder.name} run took longer than {timeout} s") from None
+    if not report.is_file():
+        raise SystemExit(f"compat-unit: pytest wrote no report in {folder} (run {' '.join(command)} there to see why)")
     return parse_junit(report)
 
 
@@ -272,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds each side's pytest may take")
     parser.add_argument("--update-gaps", action="store_true")
     args = parser.parse_args(argv)
+    args.out = args.out.resolve()
     files = tuple(args.files)
     started = time.monotonic()
     sdist = fetch_sdist(args.out / "sdist")
