@@ -177,7 +177,12 @@ def run_side(folder: Path, files: tuple[str, ...], timeout: int) -> dict[str, Ou
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(folder),
     }
-    command = [sys.executable, "-m", "pytest", *files, "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+    # An empty ini of its own: inside a checkout pytest would otherwise take the checkout's settings
+    # (strict xfail, import mode) and name each test from the checkout's root.
+    ini = folder / "pytest.ini"
+    ini.write_text("[pytest]\n")
+    command = [sys.executable, "-m", "pytest", *files, "-c", str(ini), "--rootdir", str(folder)]
+    command += ["-q", "-p", "no:cacheprovider", "-o", "addopts="]
     command += ["--junitxml", str(report), "-rN", "--tb=line", "--continue-on-collection-errors"]
     try:
         subprocess.run(command, cwd=folder, env=environ, timeout=timeout, stdout=subprocess.DEVNULL, check=False)
