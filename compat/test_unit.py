@@ -86,7 +86,7 @@ def test_a_gaps_line_of_an_unknown_kind_is_refused(tmp_path: Path) -> None:
 
 def test_a_relative_out_folder_still_finds_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """As nox runs it: a relative folder inside a checkout whose own pytest settings must not apply."""
-    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nxfail_strict = true\n')
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\nxfail_strict = true\n")
     side = tmp_path / ".nox" / "side"
     side.mkdir(parents=True)
     tests = "import pytest\n\ndef test_one():\n    pass\n\n@pytest.mark.xfail\ndef test_two():\n    pass\n"

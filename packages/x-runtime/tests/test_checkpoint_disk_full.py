@@ -259,8 +259,7 @@ def test_two_processes_agree_on_a_full_disk(small_disk, tmp_path, launch) -> Non
     shared = small_disk / "shared" / "ckpt"
     for report in ranks:
         rank0 = (
-            f"DiskFullError: no space left on device while saving the checkpoint to {shared} "
-            f"(at custom_checkpoint_0"
+            f"DiskFullError: no space left on device while saving the checkpoint to {shared} (at custom_checkpoint_0"
         )
         seen = report["mid_write"]
         if seen["message"].startswith("save_state failed on ranks 0, 1: "):

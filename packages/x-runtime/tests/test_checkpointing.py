@@ -205,3 +205,19 @@ def test_save_model_writes_pytorch_model_bin_without_safe_serialization(tmp_path
     assert sorted(loaded) == ["0.weight", "1.weight", "2.weight"]
     assert torch.equal(loaded["1.weight"], model[1].weight)
     assert torch.equal(loaded["0.weight"], model[0].weight) and loaded["2.weight"] is loaded["0.weight"]  # tied
+
+
+def test_save_state_without_safe_serialization_writes_pytorch_model_bin(tmp_path) -> None:
+    accelerator, model, optimizer, scheduler, loader, _counter = _setup()
+    _train_step(accelerator, model, optimizer, scheduler, next(iter(loader))[0])
+    accelerator.save_state(tmp_path / "ckpt", safe_serialization=False)
+    files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert "pytorch_model.bin" in files and not any(name.endswith(".safetensors") for name in files)
+    weights = torch.load(tmp_path / "ckpt" / "pytorch_model.bin", weights_only=True)
+    assert weights["head.weight"].data_ptr() == weights["embed.weight"].data_ptr()  # tied: stored once
+    assert torch.equal(weights["norm.weight"], model.norm.weight.detach())
+
+    accelerator2, model2, *_ = _setup()
+    accelerator2.load_state(tmp_path / "ckpt")
+    assert torch.equal(model2.embed.weight, model.embed.weight) and model2.head.weight is model2.embed.weight
+    assert torch.equal(model2.norm.bias, model.norm.bias)

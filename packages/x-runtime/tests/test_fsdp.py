@@ -82,7 +82,7 @@ def test_full_state_dict_checkpoint_holds_whole_tensors_by_name(runs) -> None:
     assert "blocks.0.ff.0.weight" in optimizer["state"]
     assert tuple(optimizer["state"]["inp.weight"]["exp_avg"].shape) == (16, 6)
     manifest = json.loads((project / "ckpt" / "x_checkpoint.json").read_text())
-    assert manifest["layouts"]["models"] == [{"layout": "full", "strategy": "FSDP"}]
+    assert manifest["layouts"]["models"] == [{"layout": "full", "strategy": "FSDP", "file": "model.safetensors"}]
 
 
 def test_sharded_checkpoint_is_written_by_every_rank_through_dcp(runs) -> None:

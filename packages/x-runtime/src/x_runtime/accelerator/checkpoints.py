@@ -57,6 +57,9 @@ class CheckpointMethods(AcceleratorFields):
         """Save models, optimizers, schedulers, scaler, RNG states, loader positions, registered objects.
 
         Every process must call it. The folder appears complete or not at all.
+        ``safe_serialization=False`` writes whole-model weights as ``pytorch_model.bin`` (as
+        Accelerate does; plain tensors, read back without running pickled code) instead of
+        ``model.safetensors``; ``load_state`` reads either.
 
         Raises:
             DiskFullError: (an ``OSError``, errno ``ENOSPC``) on every process, when the weights and
@@ -64,10 +67,8 @@ class CheckpointMethods(AcceleratorFields):
                 fills during the save (the partial folder is removed); it names the folder, the
                 bytes needed and free. The previous checkpoint in ``output_dir`` stays loadable.
         """
-        if not safe_serialization:
-            raise ValueError("safe_serialization=False: x_runtime writes weights as safetensors only")
         target = save_target(self.project_configuration, output_dir)
-        save_checkpoint(target, self._parts(), self.process_state)
+        save_checkpoint(target, self._parts(), self.process_state, safe_serialization=safe_serialization)
         note_saved(self.project_configuration, is_main_process=self.process_state.is_main_process)
         self.process_state.wait_for_everyone()
         return str(target)

@@ -3,7 +3,8 @@
 Layout of a checkpoint folder (the names tell what each file holds):
 
     model.safetensors, model_1.safetensors, ...     weights (shared tensors once); sharded
-                                                    strategies may write model_sharded/ instead
+                                                    strategies may write model_sharded/ instead;
+                                                    pytorch_model.bin, ... with safe_serialization=False
     optimizer.bin, optimizer_1.bin, ...             optimizer state dicts
     scheduler.bin, ...                              scheduler state dicts
     scaler.bin                                      fp16 grad scaler
@@ -90,7 +91,9 @@ def _name(stem: str, index: int, suffix: str) -> str:
     return f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}"
 
 
-def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -> Path:
+def save_checkpoint(
+    target: Path, parts: CheckpointParts, state: ProcessState, *, safe_serialization: bool = True
+) -> Path:
     """Write a complete checkpoint to ``target`` (every rank calls this, each with its own ``target``).
 
     The ranks may share one folder or each be given its own (per-rank paths, node-local disks):
@@ -130,7 +133,7 @@ def save_checkpoint(target: Path, parts: CheckpointParts, state: ProcessState) -
         refuse_if_short(rooms, state.rank)  # the same rooms everywhere: every rank decides alike
         needed = sum(r.needed for r in rooms if r.filesystem == rooms[state.rank].filesystem)
         layouts: dict[str, Any] = {}
-        agree(lambda: _write_files(partial, parts, state, owner, layouts))
+        agree(lambda: _write_files(partial, parts, state, owner, layouts, safe_serialization))
         agree(lambda: _finish(target, partial, parts, state, owner, layouts))
     except Exception:
         if owner:  # every rank is past the failing collective: nobody writes here any more
@@ -164,10 +167,13 @@ def _claim(
         agree(lambda: None)
 
 
-def _write_files(partial: Path, parts: CheckpointParts, state: ProcessState, owner: bool, layouts: dict) -> None:
+def _write_files(
+    partial: Path, parts: CheckpointParts, state: ProcessState, owner: bool, layouts: dict, safe: bool
+) -> None:
     io = parts.strategy
     layouts["models"] = [
-        io.save_model_files(partial, _name("model", i, ""), m, writer=owner) for i, m in enumerate(parts.models)
+        io.save_model_files(partial, _name("model", i, ""), m, writer=owner, safe_serialization=safe)
+        for i, m in enumerate(parts.models)
     ]
     layouts["optimizers"] = [
         io.save_optimizer_files(partial, _name("optimizer", i, ""), o, parts.owner(o), writer=owner)

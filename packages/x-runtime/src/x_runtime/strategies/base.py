@@ -100,12 +100,16 @@ class Strategy(Protocol):
         """The whole model's weights (every rank calls this; only the main process needs them)."""
         ...
 
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
+    def save_model_files(
+        self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool, safe_serialization: bool = True
+    ) -> dict[str, Any]:
         """Write ``model``'s weights under ``folder``; return what the manifest should record.
 
         Every rank calls it. ``writer``: this rank assembles ``folder`` (rank 0 for a shared folder;
         each rank for a folder of its own). Strategies whose ranks hold whole replicas write the
         whole-model files when ``writer``; sharding strategies keep their own rule.
+        ``safe_serialization=False``: whole-model weights go to ``pytorch_<name>.bin`` (plain tensors,
+        read back with ``weights_only=True``) instead of ``<name>.safetensors``.
         """
         ...
 

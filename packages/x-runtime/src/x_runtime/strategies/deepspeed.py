@@ -161,8 +161,11 @@ class DeepSpeedStrategy(StrategyDefaults):
             raise ValueError("DeepSpeed: this model was not prepared by this accelerator")
         return engine
 
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
-        # Shards (or the gathered whole on rank 0) follow this strategy's own rule, not ``writer``.
+    def save_model_files(
+        self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool, safe_serialization: bool = True
+    ) -> dict[str, Any]:
+        # Shards (or the gathered whole on rank 0) follow this strategy's own rule, not ``writer``; the
+        # engine writes its own files whatever safe_serialization says.
         self._engine_of(model).save_checkpoint(str(folder / f"{name}_deepspeed"), tag="state")
         return {"layout": "deepspeed", "strategy": "DEEPSPEED", "zero_stage": self.plugin.zero_stage}
 

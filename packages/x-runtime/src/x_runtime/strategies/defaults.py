@@ -87,18 +87,21 @@ class StrategyDefaults:
         weights: dict[str, torch.Tensor] = self.to_host(state_dict_of(model))
         return weights
 
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
+    def save_model_files(
+        self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool, safe_serialization: bool = True
+    ) -> dict[str, Any]:
         """Write ``model``'s weights under ``folder`` when this rank assembles it (replicas: any rank can)."""
+        file = weights_file_name(name, safe_serialization)
         if writer:
-            save_tensors_file(self.to_host(state_dict_of(model)), folder / f"{name}.safetensors")
-        return {"layout": "full"}
+            save_full_weights(self.to_host(state_dict_of(model)), folder / file)
+        return {"layout": "full", "file": file}
 
     def load_model_files(
         self, folder: Path, name: str, model: torch.nn.Module, record: dict[str, Any], strict: bool
     ) -> None:
         refuse_layout(record, "full", folder)
-        path = folder / f"{name}.safetensors"
-        weights = load_tensors_file(path, device=self.load_device(model))
+        path = folder / record.get("file", weights_file_name(name, True))
+        weights = load_full_weights(path, device=self.load_device(model))
         check_shapes(path, weights, model.state_dict())
         model.load_state_dict(weights, strict=strict)
 
@@ -112,6 +115,27 @@ class StrategyDefaults:
     def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict[str, Any]) -> None:
         refuse_layout(record, "full", folder)
         optimizer.load_state_dict(torch_load(folder / f"{name}.bin"))
+
+
+def weights_file_name(name: str, safe_serialization: bool) -> str:
+    """``model.safetensors``, or Accelerate's ``pytorch_model.bin`` when not ``safe_serialization``."""
+    return f"{name}.safetensors" if safe_serialization else f"pytorch_{name}.bin"
+
+
+def save_full_weights(weights: Mapping[str, torch.Tensor], path: Path) -> None:
+    """Whole-model weights to ``path``: safetensors, or ``torch.save`` of plain tensors for ``.bin``."""
+    if path.suffix == ".safetensors":
+        save_tensors_file(weights, path)
+    else:
+        torch_save(dict(weights), path)  # torch.save keeps tied tensors shared, as safetensors' aliases do
+
+
+def load_full_weights(path: Path, *, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """Read what ``save_full_weights`` wrote (a ``.bin`` without running pickled code)."""
+    if path.suffix == ".safetensors":
+        return load_tensors_file(path, device=device)
+    weights: dict[str, torch.Tensor] = torch_load(path)
+    return {key: value.to(device) for key, value in weights.items()}
 
 
 def refuse_layout(record: Mapping[str, Any], expected: str, folder: Path) -> None:

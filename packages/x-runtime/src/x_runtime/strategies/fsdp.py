@@ -23,9 +23,15 @@ import torch
 import torch.distributed as dist
 
 from x_runtime.io.files import torch_load, torch_save
-from x_runtime.io.model_files import load_tensors_file, save_tensors_file
 from x_runtime.process.state import ProcessState
-from x_runtime.strategies.defaults import StrategyDefaults, check_shapes, refuse_layout
+from x_runtime.strategies.defaults import (
+    StrategyDefaults,
+    check_shapes,
+    load_full_weights,
+    refuse_layout,
+    save_full_weights,
+    weights_file_name,
+)
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 from x_runtime.strategies.param_moves import ParameterMoves
 
@@ -144,7 +150,9 @@ class FSDPStrategy(StrategyDefaults):
     def _sharded_layout(self) -> bool:
         return self.plugin.state_dict_type == "SHARDED_STATE_DICT"
 
-    def save_model_files(self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool) -> dict[str, Any]:
+    def save_model_files(
+        self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool, safe_serialization: bool = True
+    ) -> dict[str, Any]:
         # Shards (or the gathered whole on rank 0) follow this strategy's own rule, not ``writer``.
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -153,9 +161,10 @@ class FSDPStrategy(StrategyDefaults):
             dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(folder / f"{name}_sharded"))
             return {"layout": "sharded", "strategy": "FSDP"}
         weights = self.state_dict(model)
+        file = weights_file_name(name, safe_serialization)
         if self.state.is_main_process:
-            save_tensors_file(weights, folder / f"{name}.safetensors")
-        return {"layout": "full", "strategy": "FSDP"}
+            save_full_weights(weights, folder / file)
+        return {"layout": "full", "strategy": "FSDP", "file": file}
 
     def load_model_files(
         self, folder: Path, name: str, model: torch.nn.Module, record: dict[str, Any], strict: bool
@@ -175,8 +184,8 @@ class FSDPStrategy(StrategyDefaults):
         refuse_layout(record, "full", folder)
         weights: dict[str, torch.Tensor] = {}
         if self.state.is_main_process:
-            path = folder / f"{name}.safetensors"
-            weights = load_tensors_file(path)
+            path = folder / record.get("file", weights_file_name(name, True))
+            weights = load_full_weights(path)
             check_shapes(path, weights, model.state_dict())
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
         # torch types it dict[str, ValueType]; dict is invariant, so a dict of tensors does not match.
