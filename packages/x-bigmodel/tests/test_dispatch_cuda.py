@@ -113,9 +113,11 @@ def test_cpu_offload_with_hook_chain_on_the_gpu(reference) -> None:
 def test_prefetched_blocks_reuse_the_gpu_memory_of_the_ones_before() -> None:
     # The caching allocator reuses freed memory only on the stream that allocated it: the prefetch
     # copies on one side stream, so the GPU holds a few blocks' weights (the running one, the next,
-    # the first one fetched on the default stream), not one per block.
+    # the first one fetched on the default stream), not one per block. 16 MiB blocks: the allocator
+    # gives each its own segment (blocks of 1-10 MiB share 20 MiB segments, one pool per stream, which
+    # hides the count: 4 MiB blocks measured 40 MiB, two segments, on an H200).
     torch.manual_seed(0)
-    width = 1024  # 4 MiB of weights per block, 12 blocks
+    width = 2048  # 16 MiB of weights per block, 12 blocks
     model = nn.Sequential(*[nn.Linear(width, width, bias=False) for _ in range(12)]).eval()
     x = torch.randn(2, width, device="cuda")
     want = model.cuda()(x)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from x_bigmodel.devices.tensor_placement import release_pages
+from x_bigmodel.files.device_staging import DeviceStaging
 from x_bigmodel.files.safetensors_file import SafetensorsFile
 
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -192,12 +193,22 @@ class CheckpointReader:
             return self._file.entries[key].nbytes
         return self._state[key].nbytes  # type: ignore[index]
 
-    def load(self, key: str, device: torch.device, dtype: torch.dtype, mapped: bool = False) -> torch.Tensor:
+    def load(
+        self,
+        key: str,
+        device: torch.device,
+        dtype: torch.dtype,
+        mapped: bool = False,
+        staging: DeviceStaging | None = None,
+    ) -> torch.Tensor:
         """``key`` on ``device`` in ``dtype``: the file's pages when ``mapped`` and it can be used
-        in place, else memory of its own, with at most one copy beyond the read."""
+        in place, else memory of its own, with at most one copy beyond the read. With ``staging``,
+        a CUDA tensor is read through its pinned chunks straight to the GPU (and cast there)."""
         if self._file is not None:
             if mapped and self.can_map(key, device, dtype):
                 return self._file.view(key)
+            if staging is not None and device.type == "cuda":
+                return staging.read(self._file, key, device).to(dtype=dtype)
             return self._file.read(key).to(device=device, dtype=dtype)
         value = self._state[key]  # type: ignore[index]
         # copy=True: the model must own its memory, not keep the file's mapped pages.

@@ -107,6 +107,21 @@ class SafetensorsFile:
         self.read_into(key, out)
         return out
 
+    def read_range(self, key: str, start: int, out: torch.Tensor) -> None:
+        """Fill the contiguous CPU ``uint8`` tensor ``out`` with ``key``'s bytes from byte ``start`` on."""
+        entry = self.entry(key)
+        size = out.numel()
+        if start < 0 or start + size > entry.nbytes:
+            raise ValueError(f"bytes {start}..{start + size} lie outside {key!r} ({entry.nbytes} bytes)")
+        if size == 0:
+            return
+        if self._fd < 0:
+            data = self._mapping()
+            out.copy_(torch.frombuffer(data, dtype=torch.uint8, count=size, offset=entry.offset + start))
+            self.release([(entry.offset + start, size)])
+            return
+        self._pread(memoryview(out.numpy()).cast("B"), entry.offset + start)  # type: ignore[arg-type]
+
     def map_only(self) -> SafetensorsFile:
         """Map the file and close its descriptor: reads then copy from the map. A model offloaded
         to thousands of files (one per tensor, as Accelerate lays them out) then holds one
@@ -131,9 +146,12 @@ class SafetensorsFile:
             return
         # numpy's stubs give ndarray __buffer__ only on Python >= 3.12; it is a buffer on every version.
         buffer = memoryview(out.view(-1).view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
+        self._pread(buffer, entry.offset)
+
+    def _pread(self, buffer: memoryview, offset: int) -> None:
         done = 0
-        while done < entry.nbytes:
-            n = os.preadv(self._fd, [buffer[done:]], entry.offset + done)
+        while done < len(buffer):
+            n = os.preadv(self._fd, [buffer[done:]], offset + done)
             if n <= 0:
                 raise ValueError(f"cannot read checkpoint file {str(self.path)!r}: it ended early (truncated?)")
             done += n

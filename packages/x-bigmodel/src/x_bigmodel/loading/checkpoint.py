@@ -40,6 +40,7 @@ from x_bigmodel.files.checkpoint_files import (
     open_checkpoint,
     resolve_checkpoint_files,
 )
+from x_bigmodel.files.device_staging import DeviceStaging
 from x_bigmodel.loading.load_plan import LoadPlan, PlannedTensor, alias_groups, check_keys, plan_load, planned_dtype
 from x_bigmodel.loading.progress import ByteProgress, byte_progress
 from x_bigmodel.loading.readahead import ByteRange, start_readahead
@@ -231,11 +232,22 @@ def load_planned(
         if populate or not (mmap and _in_place(load_plan.tensors[name], device, dtypes[name]))
     )
     unread: list[tuple[str, ByteRange]] = []  # mapped tensors whose pages the call did not fault in
-    with byte_progress(total, show_progress) as advance:
+    with byte_progress(total, show_progress) as advance, DeviceStaging() as staging:
         for path, loading in to_load.items():
             with open_checkpoint(path) as reader:
                 unread += _load_file(
-                    model, reader, loading, load_plan, aliases, expected, dtype, fp32_modules, mmap, populate, advance
+                    model,
+                    reader,
+                    loading,
+                    load_plan,
+                    aliases,
+                    expected,
+                    dtype,
+                    fp32_modules,
+                    mmap,
+                    populate,
+                    advance,
+                    staging,
                 )
                 unsaved = [
                     n for n in by_file[path] if n in offload_index and "safetensors_file" not in offload_index[n]
@@ -296,6 +308,7 @@ def _load_file(
     mmap: bool,
     populate: bool,
     advance: ByteProgress,
+    staging: DeviceStaging,
 ) -> list[tuple[str, ByteRange]]:
     """Read ``loading`` (names and devices) from the open ``reader`` into ``model``, in file order.
 
@@ -313,7 +326,7 @@ def _load_file(
         reader.map_in(sorted(mapped), advance)
     unread = []
     for (name, device), planned, tensor_dtype in zip(ordered, planned_list, dtypes, strict=True):
-        new = reader.load(planned.key, device, tensor_dtype, mapped=mmap)
+        new = reader.load(planned.key, device, tensor_dtype, mapped=mmap, staging=staging)
         if planned.key not in mapped:
             advance(planned.nbytes)
         elif not populate:
