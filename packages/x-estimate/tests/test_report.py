@@ -81,6 +81,7 @@ def test_json_structure(bert_base, cli) -> None:
         "method": "simulate",  # --seq-len given: auto simulates
         "attn_implementation": None,
         "activation_checkpointing": False,
+        "free_outputs": False,
     }
     assert [r["dtype"] for r in data["rows"]] == ["float32", "int8"]
     for row in data["rows"]:

@@ -1,5 +1,9 @@
 """The simulated training peak against real CPU training steps, fp32 AdamW, batch 8 x 128 tokens.
 
+The step is the loop users write, ``outputs = model(**batch); loss = outputs.loss; loss.backward()``,
+where ``outputs`` (its logits) stays alive through backward and the optimizer step; with
+``--free-outputs`` the loop that keeps only the loss, ``loss = model(**batch).loss``. Within 3%.
+
 The truth is measured without any of the simulation's code: torch.profiler's allocation events
 (``profile_memory=True``) on one real step give the live-bytes curve of everything the step
 allocates; the weights, optimizer state and batch that exist before it are counted from their
@@ -22,8 +26,9 @@ def _storage_bytes(tensors) -> int:
     return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
 
 
-def measured_peak(model: torch.nn.Module, batch: dict[str, torch.Tensor], loss_of) -> int:
-    """Peak live tensor bytes of one real AdamW step of ``model`` on CPU."""
+def measured_peak(model: torch.nn.Module, batch: dict[str, torch.Tensor], loss_of, keep_outputs: bool = True) -> int:
+    """Peak live tensor bytes of one real AdamW step of ``model`` on CPU, ``outputs`` kept through
+    the step (the usual loop) or dropped before backward."""
     from torch.profiler import ProfilerActivity, profile
 
     model.train()
@@ -34,11 +39,16 @@ def measured_peak(model: torch.nn.Module, batch: dict[str, torch.Tensor], loss_o
     state = [v for s in opt.state.values() for v in s.values()]
     before = _storage_bytes([*model.parameters(), *model.buffers(), *state, *batch.values()])
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        loss = loss_of(model(**batch))
+        outputs = model(**batch)
+        loss = loss_of(outputs)
+        if not keep_outputs:
+            del outputs
+            outputs = None
         loss.backward()
         del loss
         opt.step()
         opt.zero_grad(set_to_none=True)
+        del outputs
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     live = peak = 0
     for e in sorted(events, key=lambda e: e.start_ns()):
@@ -66,6 +76,14 @@ def _configs():
             num_key_value_heads=4, num_local_experts=4, num_experts_per_tok=2, vocab_size=32000,
             architectures=["MixtralForCausalLM"],
         ),
+        "qwen2-tiny": T.Qwen2Config(
+            hidden_size=256, intermediate_size=704, num_hidden_layers=3, num_attention_heads=8,
+            num_key_value_heads=2, vocab_size=24000, tie_word_embeddings=True, architectures=["Qwen2ForCausalLM"],
+        ),
+        "bert-mlm": T.BertConfig(
+            hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+            vocab_size=30522, architectures=["BertForMaskedLM"],
+        ),
         "vit": T.ViTConfig(
             hidden_size=384, num_hidden_layers=4, num_attention_heads=6, intermediate_size=1536, image_size=224,
             patch_size=16, num_labels=10, architectures=["ViTForImageClassification"],
@@ -84,19 +102,28 @@ def _estimated(cli, folder, *args) -> dict:
     return training
 
 
-# model, attention implementation, the filer's measured peak in MiB (issue 18) for comparison
+# model, attention implementation, the loop keeps its outputs, the filer's measured peak in MiB
+# (issue 18, a loop that kept only the loss) for comparison
 ROWS = [
-    ("llama-20m", "eager", 713),
-    ("llama-20m", "sdpa", 677),
-    ("gpt2-6x512", None, 1737),
-    ("t5-small", None, 2103),
-    ("mixtral-tiny", None, None),
-    ("vit", None, None),
+    ("llama-20m", "eager", True, None),
+    ("llama-20m", "eager", False, 713),
+    ("llama-20m", "sdpa", True, None),
+    ("gpt2-6x512", None, True, None),
+    ("gpt2-6x512", None, False, 1737),
+    ("t5-small", None, True, None),
+    ("mixtral-tiny", None, True, None),
+    ("qwen2-tiny", None, True, None),
+    ("bert-mlm", None, True, None),
+    ("vit", None, True, None),
 ]
 
 
-@pytest.mark.parametrize(("name", "attn", "filed"), ROWS, ids=[f"{r[0]}-{r[1] or 'default'}" for r in ROWS])
-def test_simulated_peak_within_five_percent_of_a_real_step(name, attn, filed, model_dir, cli) -> None:
+@pytest.mark.parametrize(
+    ("name", "attn", "keep", "filed"),
+    ROWS,
+    ids=[f"{r[0]}-{r[1] or 'default'}-{'outputs-kept' if r[2] else 'free-outputs'}" for r in ROWS],
+)
+def test_simulated_peak_within_three_percent_of_a_real_step(name, attn, keep, filed, model_dir, cli) -> None:
     import transformers
 
     config = _configs()[name]
@@ -108,12 +135,12 @@ def test_simulated_peak_within_five_percent_of_a_real_step(name, attn, filed, mo
         batch = {"pixel_values": torch.randn(B, 3, 224, 224), "labels": torch.randint(0, 10, (B,))}
     else:
         batch = _lm_batch(config.vocab_size)
-    truth = measured_peak(model, batch, lambda out: out.loss)
+    truth = measured_peak(model, batch, lambda out: out.loss, keep_outputs=keep)
     del model
     args = ["--attn-implementation", attn] if attn else []
-    training = _estimated(cli, model_dir(config), *args)
+    training = _estimated(cli, model_dir(config), *args, *([] if keep else ["--free-outputs"]))
     estimate = training["peak_bytes"]
-    assert abs(estimate - truth) <= 0.05 * truth, (name, estimate / MIB, truth / MIB)
+    assert abs(estimate - truth) <= 0.03 * truth, (name, keep, estimate / MIB, truth / MIB)
     assert sum(training["at_peak"].values()) == estimate
     if name != "vit":  # a language model's logits and their gradient are live at its peak
         assert training["at_peak"]["logits"] >= 2 * B * S * config.vocab_size * 4
@@ -132,7 +159,7 @@ def test_real_minilm_checkpoint(tmp_path_factory, cli) -> None:
     # A bare encoder has no loss: train on the mean of its last hidden state, as x-estimate does.
     truth = measured_peak(model, {"input_ids": torch.randint(0, 30522, (B, S))}, lambda out: out[0].mean())
     training = _estimated(cli, folder)
-    assert abs(training["peak_bytes"] - truth) <= 0.05 * truth, (training["peak_bytes"] / MIB, truth / MIB)
+    assert abs(training["peak_bytes"] - truth) <= 0.03 * truth, (training["peak_bytes"] / MIB, truth / MIB)
     print(
         f"all-MiniLM-L6-v2: measured {truth / MIB:.1f} MiB, simulated {training['peak_bytes'] / MIB:.1f} MiB (filed: 542)"
     )

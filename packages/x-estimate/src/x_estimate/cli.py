@@ -171,6 +171,12 @@ def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
     is_flag=True,
     help="Train with activation checkpointing (model.gradient_checkpointing_enable()).",
 )
+@click.option(
+    "--free-outputs",
+    is_flag=True,
+    help="Simulate a loop that keeps only the loss (loss = model(**batch).loss); by default the "
+    "model's outputs and logits stay alive through backward, as in outputs = model(**batch); loss = outputs.loss.",
+)
 @click.option("--fits", type=_Size(), help=f"Say which rows fit in this memory ({_SIZE_HELP}).")
 @click.option(
     "--token",
@@ -278,6 +284,7 @@ def _simulations(model: str, source: Any, options: Any, kw: dict[str, Any]) -> A
         seq_len=options.seq_len,
         checkpointing=options.activation_checkpointing,
         attn_implementation=options.attn_implementation,
+        free_outputs=options.free_outputs,
     )
 
 
@@ -316,6 +323,7 @@ def _run(model: str, **kw: Any) -> None:
         method="simulate" if simulate else "formula",
         attn_implementation=kw["attn_implementation"],
         activation_checkpointing=kw["activation_checkpointing"],
+        free_outputs=kw["free_outputs"],
     )
     simulations = _cached_simulations(model, source, options, kw, summary_key) if simulate else None
     if kw["method"] == "simulate" and simulations is not None and simulations.reason:

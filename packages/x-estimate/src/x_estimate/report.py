@@ -37,6 +37,7 @@ class Options:
     method: str = "formula"  # what the CLI resolved --method to: "simulate" or "formula"
     attn_implementation: str | None = None
     activation_checkpointing: bool = False
+    free_outputs: bool = False  # the simulated loop drops the model's outputs before backward
 
 
 @dataclass
@@ -95,6 +96,7 @@ class Report:
                 "method": opts.method,
                 "attn_implementation": opts.attn_implementation,
                 "activation_checkpointing": opts.activation_checkpointing,
+                "free_outputs": opts.free_outputs,
             },
             "rows": [
                 {

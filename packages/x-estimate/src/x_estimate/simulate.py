@@ -156,6 +156,7 @@ def simulate_training(
     seq_len: int = 128,
     checkpointing: bool = False,
     attn_implementation: str | None = None,
+    free_outputs: bool = False,
     extrapolate: bool = True,
 ) -> Any:
     """Simulate a training step of ``model`` (built on the meta device) on fake tensors.
@@ -165,13 +166,18 @@ def simulate_training(
     came (meta tensors, all its blocks, checkpointing off), so it can be simulated again.
     Returns a ``SimulatedStep`` (or an ``ExtrapolatedStep``, which answers the same questions).
 
+    The step is the loop users write, ``outputs = model(**batch); loss = outputs.loss;
+    loss.backward(); optimizer.step()``: ``outputs`` (its logits) stays alive through backward and
+    the optimizer step. ``free_outputs`` models ``loss = model(**batch).loss`` instead, where
+    only the loss survives the forward.
+
     Raises:
         SimulationError: the model's step cannot run on fake tensors (a data-dependent op, an
             optimizer without fake kernels, a model without a known input); the message says which.
     """
     kwargs = dict(
         precision=precision, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len,
-        checkpointing=checkpointing, attn_implementation=attn_implementation,
+        checkpointing=checkpointing, attn_implementation=attn_implementation, free_outputs=free_outputs,
     )  # fmt: skip
     with _quiet():
         return _simulate(model, config, extrapolate, kwargs)
@@ -225,6 +231,7 @@ def _simulate_whole(
     seq_len: int,
     checkpointing: bool,
     attn_implementation: str | None,
+    free_outputs: bool,
 ) -> SimulatedStep:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -245,7 +252,7 @@ def _simulate_whole(
             params = [p for p in model.parameters() if p.requires_grad]
             opt = _make_optimizer(optimizer, params)
             _prime(opt, params, ledger, keys)
-            _one_step(model, opt, params, inputs, precision, ledger, keys)
+            _one_step(model, opt, params, inputs, precision, ledger, keys, free_outputs)
             # Snapshot now: restoring the meta tensors below frees fake ones, which the ledger still sees.
             steady, events, peak_allocs = ledger.live, ledger.events(), ledger.at_peak()
     except SimulationError:
@@ -293,13 +300,17 @@ def _one_step(
     precision: str,
     ledger: Ledger,
     keys: dict[str, set[int]],
+    free_outputs: bool,
 ) -> None:
     ledger.phase = "inputs"
     batch = inputs.make()
     ledger.phase = "forward"
     cast = torch.autocast("cpu", dtype=_AUTOCAST[precision]) if precision in _AUTOCAST else contextlib.nullcontext()
     with cast:
-        loss = inputs.loss(model(**batch))
+        outputs = model(**batch)
+        loss = inputs.loss(outputs)
+    if free_outputs:
+        outputs = None
     ledger.phase = "backward"
     loss.backward()
     del loss, batch
@@ -311,6 +322,7 @@ def _one_step(
     del states
     ledger.phase = "zero_grad"
     opt.zero_grad(set_to_none=True)
+    del outputs  # the loop's next forward replaces it; the steady state is measured without it
 
 
 def _set_attention(model: torch.nn.Module, config: Any, attn_implementation: str | None) -> None:

@@ -43,6 +43,7 @@ def run_simulations(
     seq_len: int,
     checkpointing: bool,
     attn_implementation: str | None,
+    free_outputs: bool = False,
 ) -> Simulations:
     """Simulate one step per distinct precision; ``build()`` returns the meta ``Skeleton``.
 
@@ -73,6 +74,7 @@ def run_simulations(
                     seq_len=seq_len,
                     checkpointing=checkpointing,
                     attn_implementation=attn_implementation,
+                    free_outputs=free_outputs,
                 )
             except SimulationError as exc:
                 return Simulations(reason=str(exc))

@@ -23,7 +23,7 @@ from x_estimate.simulated_rows import Simulations
 
 __all__ = ["CachedStep", "load_simulations", "save_simulations", "simulation_key"]
 
-FORMAT = 1
+FORMAT = 2  # 2: the step keeps the model's outputs alive through backward unless free_outputs
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,14 @@ def simulation_key(summary_key: str, options: Any, precisions: list[str]) -> str
         "precisions": precisions,
         **{
             k: getattr(options, k)
-            for k in ("optimizer", "batch_size", "seq_len", "activation_checkpointing", "attn_implementation")
+            for k in (
+                "optimizer",
+                "batch_size",
+                "seq_len",
+                "activation_checkpointing",
+                "attn_implementation",
+                "free_outputs",
+            )
         },
         "divisors": shard_divisors(options.shard, options.num_gpus),
     }

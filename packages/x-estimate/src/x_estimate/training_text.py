@@ -54,11 +54,16 @@ def training_notes(options: Any, rows: list[Any], simulations: Any) -> list[str]
     if simulated:
         attn = options.attn_implementation or "transformers' default"
         ckpt = "with" if options.activation_checkpointing else "without"
+        loop = (
+            "loss = model(**batch).loss: outputs dropped before backward"
+            if getattr(options, "free_outputs", False)
+            else "outputs = model(**batch); loss = outputs.loss: outputs kept through backward; --free-outputs drops them"
+        )
         notes.append(
             f"Training peak: simulated (a real {options.optimizer} step on fake tensors, after an optimizer step "
             f"that creates its state: forward, loss, backward, optimizer step, zero_grad; {options.batch_size} x "
-            f"{options.seq_len} tokens; attention {attn}; {ckpt} activation checkpointing); the breakdown is "
-            "what is live at the peak, the steady state what stays between steps. --method formula for the formulas."
+            f"{options.seq_len} tokens; attention {attn}; {ckpt} activation checkpointing; {loop}); the breakdown "
+            "is what is live at the peak, the steady state what stays between steps. --method formula for the formulas."
         )
         if options.shard != "none" and options.num_gpus > 1:
             notes.append(
