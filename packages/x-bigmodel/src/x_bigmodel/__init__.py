@@ -13,6 +13,13 @@ Names and semantics follow Accelerate's big-model API.
 
 from x_bigmodel._version import __version__
 from x_bigmodel.devices.device_moves import find_device
+from x_bigmodel.dispatch.align_attach import (
+    align_module_device,
+    attach_align_device_hook,
+    get_state_dict_offloaded_model,
+    has_offloaded_params,
+)
+from x_bigmodel.dispatch.align_hook import AlignDevicesHook
 from x_bigmodel.dispatch.entry_points import (
     cpu_offload,
     cpu_offload_with_hook,
@@ -29,16 +36,27 @@ from x_bigmodel.dispatch.hooks import (
 )
 from x_bigmodel.dispatch.offload_hook import CpuOffload, UserCpuOffloadHook
 from x_bigmodel.loading.checkpoint import load_checkpoint_in_model, set_module_tensor_to_device
+from x_bigmodel.loading.state_dict import load_state_dict
+from x_bigmodel.offload.offload_files import (
+    OffloadedWeightsLoader,
+    PrefixedDataset,
+    extract_submodules_state_dict,
+    load_offloaded_weight,
+    offload_state_dict,
+    offload_weight,
+)
 from x_bigmodel.planning.accelerate_sizes import (
     compute_module_sizes,
     compute_module_total_buffer_size,
     convert_file_size_to_int,
     dtype_byte_size,
     find_tied_parameters,
+    get_module_size_with_ties,
     get_non_persistent_buffers,
     named_module_tensors,
     retie_parameters,
 )
+from x_bigmodel.planning.auto_map import clean_device_map
 from x_bigmodel.planning.device_map import (
     get_balanced_memory,
     get_max_memory,
@@ -50,14 +68,20 @@ from x_bigmodel.planning.empty_weights import init_empty_weights, init_on_device
 from x_bigmodel.transformers.pretrained import from_pretrained
 
 __all__ = [
+    "AlignDevicesHook",
     "CpuOffload",
     "DevicePlan",
     "ModelHook",
+    "OffloadedWeightsLoader",
+    "PrefixedDataset",
     "SequentialHook",
     "UserCpuOffloadHook",
     "__version__",
     "add_hook_to_module",
+    "align_module_device",
+    "attach_align_device_hook",
     "check_device_map",
+    "clean_device_map",
     "compute_module_sizes",
     "compute_module_total_buffer_size",
     "convert_file_size_to_int",
@@ -66,18 +90,26 @@ __all__ = [
     "disk_offload",
     "dispatch_model",
     "dtype_byte_size",
+    "extract_submodules_state_dict",
     "find_device",
     "find_tied_parameters",
     "from_pretrained",
     "get_balanced_memory",
     "get_max_memory",
+    "get_module_size_with_ties",
     "get_non_persistent_buffers",
+    "get_state_dict_offloaded_model",
+    "has_offloaded_params",
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
+    "load_offloaded_weight",
+    "load_state_dict",
     "named_module_tensors",
+    "offload_state_dict",
+    "offload_weight",
     "remove_hook_from_module",
     "remove_hook_from_submodules",
     "resolve_device_map",

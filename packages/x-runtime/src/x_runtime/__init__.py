@@ -20,7 +20,7 @@ samplers, ``Sharding``), ``precision/`` (autocast, fp8, dynamo), ``optim/`` (pre
 scheduler), ``strategies/`` (behind the ``Strategy`` Protocol; ``select.decide`` picks one),
 ``checkpoint/`` (``save_state`` folders), ``tracking/`` (experiment trackers), ``accelerator/`` (the
 facade, and ``PartialState``/``AcceleratorState`` as views over one accelerator's process state:
-nothing shared between two), ``launchers/`` (``notebook_launcher``) and ``utils/`` (Accelerate's
+nothing shared between two), ``launchers/`` (``notebook_launcher``, ``debug_launcher``) and ``utils/`` (Accelerate's
 ``accelerate.utils`` names).
 """
 
@@ -53,8 +53,12 @@ from x_runtime.core.memory import (
 from x_runtime.core.nested import find_batch_size, is_namedtuple, send_to_device
 from x_runtime.core.random_state import set_seed, synchronize_rng_states
 from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
+from x_runtime.data.iterable_shard import IterableDatasetShard
+from x_runtime.data.loader_state import DataLoaderStateMixin
 from x_runtime.data.loaders import DataLoaderDispatcher, DataLoaderShard
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
+from x_runtime.data.skip_loader import SkipDataLoader
+from x_runtime.launchers.debug import debug_launcher
 from x_runtime.launchers.notebook import notebook_launcher
 from x_runtime.optim.local_sgd import LocalSGD
 from x_runtime.precision.dynamo import TorchDynamoPlugin
@@ -88,6 +92,7 @@ __all__ = [
     "DataLoaderConfiguration",
     "DataLoaderDispatcher",
     "DataLoaderShard",
+    "DataLoaderStateMixin",
     "DeepSpeedPlugin",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
@@ -97,6 +102,7 @@ __all__ = [
     "GradientAccumulationPlugin",
     "GradientState",
     "InitProcessGroupKwargs",
+    "IterableDatasetShard",
     "KwargsHandler",
     "LocalSGD",
     "MultiProcessAdapter",
@@ -105,6 +111,7 @@ __all__ = [
     "ProjectConfiguration",
     "SeedableRandomSampler",
     "SkipBatchSampler",
+    "SkipDataLoader",
     "TERecipeKwargs",
     "TorchDynamoPlugin",
     "__version__",
@@ -113,6 +120,7 @@ __all__ = [
     "clear_device_cache",
     "convert_to_fp32",
     "copy_tensor_to_devices",
+    "debug_launcher",
     "debug_mode",
     "find_batch_size",
     "find_executable_batch_size",
@@ -141,7 +149,16 @@ __all__ += _utils_names
 
 # Accelerate's tracking names, loaded on first use as x_runtime.tracking loads them: importing
 # x_runtime imports neither the tracker registry nor a backend's module.
-_TRACKING = ("GeneralTracker", "LoggerType", "MLflowTracker", "TensorBoardTracker", "WandBTracker", "filter_trackers")
+_TRACKING = (
+    "LOGGER_TYPE_TO_CLASS",
+    "GeneralTracker",
+    "LoggerType",
+    "MLflowTracker",
+    "TensorBoardTracker",
+    "WandBTracker",
+    "filter_trackers",
+    "register_tracker_class",
+)
 __all__ += _TRACKING
 
 

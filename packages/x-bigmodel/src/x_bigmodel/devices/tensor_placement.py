@@ -54,9 +54,10 @@ def set_module_tensor_to_device(
             raise ValueError(f"{tensor_name} is on the meta device and has no data: pass value= to materialise it")
         value = old.detach()
     elif tuple(value.shape) != tuple(old.shape):
+        # Accelerate's words, which code written against it matches on.
         raise ValueError(
-            f"shape mismatch for {tensor_name}: the checkpoint has {tuple(value.shape)}, "
-            f"the model expects {tuple(old.shape)}"
+            f'Trying to set a tensor of shape {value.shape} in "{leaf}" (which has shape {old.shape}), '
+            "this looks incorrect."
         )
     target_dtype = placement_dtype(value, old, torch_dtype(dtype) if dtype is not None else None)
     new = value.detach().to(device=target_device, dtype=target_dtype)

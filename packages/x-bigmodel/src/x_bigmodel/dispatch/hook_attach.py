@@ -44,12 +44,12 @@ def attach_hooks(
         # Inputs cross devices between entries: each entry moves its inputs to where it runs.
         for entry, device in plan.entries.items():
             for name in called_modules(model, entry):
-                hooks[name] = AlignDevicesHook(run_device(device, main), skip_keys=skip)
+                hooks[name] = AlignDevicesHook(run_device(device, main), skip_keys=skip, place_weights=False)
     for block in blocks:
-        hook = hooks.setdefault(block.name, AlignDevicesHook(block.device, skip_keys=skip))
+        hook = hooks.setdefault(block.name, AlignDevicesHook(block.device, skip_keys=skip, place_weights=False))
         hook.execution_device = block.device
         hook.block, hook.prefetcher = block, prefetcher
-    root = hooks.setdefault("", AlignDevicesHook(None, skip_keys=skip))
+    root = hooks.setdefault("", AlignDevicesHook(None, skip_keys=skip, place_weights=False))
     if len(run_devices) == 1:
         root.execution_device = next(iter(run_devices))
     root.output_device = output

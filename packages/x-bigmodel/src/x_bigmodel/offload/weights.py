@@ -27,7 +27,15 @@ import torch
 from x_bigmodel.devices.tensor_placement import torch_dtype
 from x_bigmodel.files.safetensors_file import SafetensorsFile
 
-__all__ = ["FileWeight", "MemoryWeight", "read_offload_index", "sources_from_index", "write_offload_files"]
+__all__ = [
+    "FileWeight",
+    "MemoryWeight",
+    "read_offload_index",
+    "source_value",
+    "sources_from_index",
+    "write_offload_files",
+    "write_offload_index",
+]
 
 INDEX_NAME = "index.json"
 
@@ -85,6 +93,13 @@ class FileWeight:
     def release(self, device: torch.device) -> None:
         if self.in_place(device):
             self.file.release([(self.entry.offset, self.entry.nbytes)])
+
+
+def source_value(source: MemoryWeight | FileWeight) -> torch.Tensor:
+    """The value of a weight source on the CPU, in its final dtype (a file's read into memory)."""
+    if isinstance(source, MemoryWeight):
+        return source.tensor
+    return source.file.read(source.key).to(source.dtype)
 
 
 def read_offload_index(folder: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:

@@ -5,14 +5,14 @@ x's own planning counts a tied tensor once in the total and in every module hold
 first holder only, ``torch.bool`` as 1/8 byte), so code written against Accelerate gets the same
 numbers. ``dtype_byte_size``, ``convert_file_size_to_int``, ``named_module_tensors``,
 ``get_non_persistent_buffers``, ``compute_module_sizes``, ``compute_module_total_buffer_size``,
-``find_tied_parameters`` and ``retie_parameters``.
+``find_tied_parameters``, ``retie_parameters`` and ``get_module_size_with_ties``.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,6 +24,7 @@ __all__ = [
     "convert_file_size_to_int",
     "dtype_byte_size",
     "find_tied_parameters",
+    "get_module_size_with_ties",
     "get_non_persistent_buffers",
     "named_module_tensors",
     "retie_parameters",
@@ -185,3 +186,32 @@ def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:
         if kept is not None:
             for module, leaf in holders:
                 setattr(module, leaf, kept)
+
+
+def get_module_size_with_ties(
+    tied_params: Sequence[str],
+    module_size: int,
+    module_sizes: Mapping[str, int],
+    modules_to_treat: Sequence[tuple[str, nn.Module]],
+) -> tuple[int, list[str], list[nn.Module]]:
+    """The size of a module together with the modules still to place that hold its tied
+    parameters ``tied_params``, each tied parameter counted once (Accelerate's planner's step).
+
+    Returns:
+        the size, and for each tied parameter (in order) the name and the module of the entry of
+        ``modules_to_treat`` holding it.
+
+    Raises:
+        ValueError: a tied parameter is in none of ``modules_to_treat``.
+    """
+    names: list[str] = []
+    modules: list[nn.Module] = []
+    size = module_size
+    for param in tied_params:
+        holder = next(((n, m) for n, m in modules_to_treat if not n or param.startswith(f"{n}.")), None)
+        if holder is None:
+            raise ValueError(f"tied parameter {param} is in none of the modules still to place")
+        names.append(holder[0])
+        modules.append(holder[1])
+        size += module_sizes[holder[0]] - module_sizes[param]
+    return size, names, modules

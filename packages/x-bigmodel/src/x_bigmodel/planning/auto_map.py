@@ -38,7 +38,7 @@ from x_bigmodel.planning.budgets import get_max_memory
 from x_bigmodel.planning.model_units import UnitTable, unit_table
 from x_common.sizes import format_size
 
-__all__ = ["fits", "infer_auto_device_map"]
+__all__ = ["clean_device_map", "fits", "infer_auto_device_map"]
 
 
 def _fill(
@@ -46,6 +46,7 @@ def _fill(
     budgets: dict[DeviceKey, int],
     reserve_on: set[DeviceKey],
     verbose: bool,
+    fallback: bool = False,
 ) -> dict[int, DeviceKey]:
     devices = list(budgets)
     # The largest unit not placed yet is what may have to be brought in for its forward later.
@@ -69,6 +70,27 @@ def _fill(
             limit = budgets[device] - (reserve if device in reserve_on else 0)
             if used[device] + size <= limit:
                 break
+            if fallback and used[device] == 0 and device != "disk":
+                # Rather than leave this device empty, put the first later group that fits on it.
+                other = next(
+                    (
+                        g
+                        for g in dict.fromkeys(plan.group_of[v] for v in range(u + 1, len(plan.units)))
+                        if g != group
+                        and plan.groups[g][0] not in placed
+                        and plan.group_size(g) <= limit
+                        and plan.group_size(g) > 0
+                    ),
+                    None,
+                )
+                if other is not None:
+                    used[device] += plan.group_size(other)
+                    for member in plan.groups[other]:
+                        placed[member] = device
+                    if verbose:
+                        names = ", ".join(plan.units[m].name or "<model>" for m in plan.groups[other])
+                        print(f"{names} ({format_size(plan.group_size(other))}) -> {device!r} (fallback allocation)")
+                    continue
             if verbose:
                 print(
                     f"{plan.units[u].name or '<model>'} ({format_size(size)}) does not fit on {device!r} "
@@ -124,6 +146,26 @@ def _clean(device_map: dict[str, DeviceKey]) -> dict[str, DeviceKey]:
     return result
 
 
+def clean_device_map(device_map: dict[str, Any], module_name: str = "") -> dict[str, Any]:
+    """Merge the entries of ``device_map`` under ``module_name`` (all of them by default) into their
+    parent's wherever every entry under that parent has the same device; ``device_map`` is changed
+    in place and returned.
+
+    Examples:
+        >>> clean_device_map({"a.x": 0, "a.y": 0, "b.x": 1, "b.y": 1, "c": 1})
+        {'a': 0, 'b': 1, 'c': 1}
+    """
+    prefix = f"{module_name}." if module_name else ""
+    under = [k for k in device_map if not module_name or k == module_name or k.startswith(prefix)]
+    relative = {("" if k == module_name else k[len(prefix) :]): device_map[k] for k in under}
+    cleaned = _clean(relative)
+    for key in under:
+        del device_map[key]
+    for key, value in cleaned.items():
+        device_map[f"{prefix}{key}" if key else module_name] = value
+    return device_map
+
+
 def infer_auto_device_map(
     model: torch.nn.Module,
     max_memory: Mapping[Any, int | str] | None = None,
@@ -133,6 +175,7 @@ def infer_auto_device_map(
     verbose: bool = False,
     clean_result: bool = True,
     offload_buffers: bool = False,
+    fallback_allocation: bool = False,
 ) -> dict[str, DeviceKey]:
     """Place the model's modules on GPUs in order, then on the CPU, then on disk, within ``max_memory``.
 
@@ -148,6 +191,9 @@ def infer_auto_device_map(
         clean_result: merge entries into their parent module's when all share a device.
         offload_buffers: whether buffers of offloaded modules are offloaded too; if not (the
             default) they stay on the execution device, and a warning says when they do not fit.
+        fallback_allocation: when the next module does not fit on a device that has nothing yet,
+            put there the first later module that fits (with its tied modules) instead of leaving
+            the device empty; modules then leave model order.
 
     Returns:
         ``{module name: device}`` covering every parameter and buffer, in model order.
@@ -171,7 +217,7 @@ def infer_auto_device_map(
     execution = accelerators[0] if accelerators else ("cpu" if "cpu" in budgets else None)
     reserve_on: set[DeviceKey] = set()
     while True:
-        placed = _fill(plan, budgets, reserve_on, verbose)
+        placed = _fill(plan, budgets, reserve_on, verbose, fallback_allocation)
         used = set(placed.values())
         needed: set[DeviceKey] = set()
         if execution is not None and execution != "cpu" and used & {"cpu", "disk"}:

@@ -7,10 +7,12 @@ writes the model and optimizer files), ``save_model`` through ``model_files``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from x_runtime.accelerator.fields import AcceleratorFields
 from x_runtime.checkpoint.checkpointing import CheckpointParts, load_checkpoint, save_checkpoint
@@ -42,6 +44,29 @@ class CheckpointMethods(AcceleratorFields):
             )
         self._prepared.custom.extend(objects)
 
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, weights, output_dir)`` in every ``save_state``, before any file is written.
+
+        ``models`` are the prepared models, ``weights`` their state dicts (unwrapped names), and
+        ``output_dir`` the folder being written (it becomes the checkpoint, complete, once the save
+        succeeds: files the hook writes there are part of it). A model whose state dict the hook
+        removes from ``weights`` gets no weights file (the hook saved it its own way). Every
+        process calls it. ``handle.remove()`` unregisters it.
+        """
+        handle = RemovableHandle(self._save_state_hooks)
+        self._save_state_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call ``hook(models, input_dir)`` in every ``load_state``, before anything is loaded.
+
+        A model the hook removes from ``models`` is not loaded from the weights files (the hook
+        loaded it its own way). Every process calls it. ``handle.remove()`` unregisters it.
+        """
+        handle = RemovableHandle(self._load_state_hooks)
+        self._load_state_hooks[handle.id] = hook
+        return handle
+
     def _parts(self) -> CheckpointParts:
         return CheckpointParts(
             models=[unwrap_model(m) for m in self._prepared.models],
@@ -52,6 +77,33 @@ class CheckpointMethods(AcceleratorFields):
             scaler=self.precision.scaler,
             strategy=self.strategy,
         )
+
+    def _save_hooks_step(self) -> Callable[[Path], list[torch.nn.Module]] | None:
+        if not self._save_state_hooks:
+            return None
+        models = list(self._prepared.models)
+        # Gathered here, on every rank (sharded weights take a collective), not in the agreed write step.
+        weights = [self.get_state_dict(model) for model in models]
+        given = list(zip(models, weights, strict=True))
+
+        def run(folder: Path) -> list[torch.nn.Module]:
+            for hook in list(self._save_state_hooks.values()):
+                hook(models, weights, str(folder))
+            return [unwrap_model(m) for m, w in given if any(w is kept for kept in weights)]
+
+        return run
+
+    def _load_hooks_step(self) -> Callable[[Path], list[torch.nn.Module]] | None:
+        if not self._load_state_hooks:
+            return None
+
+        def run(folder: Path) -> list[torch.nn.Module]:
+            models = list(self._prepared.models)
+            for hook in list(self._load_state_hooks.values()):
+                hook(models, str(folder))
+            return [unwrap_model(m) for m in models]
+
+        return run
 
     def save_state(self, output_dir: str | os.PathLike[str] | None = None, safe_serialization: bool = True) -> str:
         """Save models, optimizers, schedulers, scaler, RNG states, loader positions, registered objects.
@@ -68,7 +120,9 @@ class CheckpointMethods(AcceleratorFields):
                 bytes needed and free. The previous checkpoint in ``output_dir`` stays loadable.
         """
         target = save_target(self.project_configuration, output_dir)
-        save_checkpoint(target, self._parts(), self.process_state, safe_serialization=safe_serialization)
+        parts = self._parts()
+        parts.before_save = self._save_hooks_step()
+        save_checkpoint(target, parts, self.process_state, safe_serialization=safe_serialization)
         note_saved(self.project_configuration, is_main_process=self.process_state.is_main_process)
         self.process_state.wait_for_everyone()
         return str(target)
@@ -80,7 +134,9 @@ class CheckpointMethods(AcceleratorFields):
         numbers, strings and containers raises ``pickle.UnpicklingError`` naming it and the type.
         """
         source = load_source(self.project_configuration, input_dir)
-        folder = load_checkpoint(source, self._parts(), self.process_state, strict=strict)
+        parts = self._parts()
+        parts.before_load = self._load_hooks_step()
+        folder = load_checkpoint(source, parts, self.process_state, strict=strict)
         note_loaded(self.project_configuration, folder)
         return str(folder)
 

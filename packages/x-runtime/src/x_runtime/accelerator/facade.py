@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 from x_common import env
@@ -181,9 +182,15 @@ class Accelerator(
             fsdp_plugin=fsdp_plugin,
         )
         self.log_with = log_with
+        if log_with is not None:  # an unknown name, a missing package or directory fails here, not at init_trackers
+            from x_runtime.tracking.registry import filter_trackers
+
+            filter_trackers(log_with, self.project_configuration.logging_dir)
         self.trackers = []
         self.step = 0
         self._prepared = PreparedObjects()
+        self._save_state_hooks = OrderedDict()  # RemovableHandle needs a weakly referenceable dict
+        self._load_state_hooks = OrderedDict()
         self._trigger = False
         # At exit only (not when this object is collected: another accelerator may use the group).
         atexit.register(release_at_exit, weakref.ref(self._prepared), process)

@@ -8,6 +8,8 @@ one place it is declared. ``Accelerator.__init__`` sets them all.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -44,4 +46,6 @@ class AcceleratorFields:
     trackers: list[GeneralTracker]
     step: int  # micro-batches seen by accumulate()
     _prepared: PreparedObjects
+    _save_state_hooks: OrderedDict[int, Callable[..., Any]]  # register_save_state_pre_hook's, by handle id
+    _load_state_hooks: OrderedDict[int, Callable[..., Any]]
     _trigger: bool  # set_trigger() on this rank since the last check_trigger()

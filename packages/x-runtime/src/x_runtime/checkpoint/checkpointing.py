@@ -80,6 +80,9 @@ class CheckpointParts:
     scaler: torch.amp.GradScaler | None = None
     # Writes and reads the model and optimizer files; required (keyword-only, after the defaulted lists).
     strategy: Strategy = field(kw_only=True)
+    # Given the folder being written (read), before any file: the models whose files to write (read).
+    before_save: Callable[[Path], list[torch.nn.Module]] | None = field(default=None, kw_only=True)
+    before_load: Callable[[Path], list[torch.nn.Module]] | None = field(default=None, kw_only=True)
 
     def owner(self, optimizer: Any) -> torch.nn.Module | None:
         """The model whose parameters ``optimizer`` updates (sharded strategies need the pair)."""
@@ -170,6 +173,8 @@ def _claim(
 def _write_files(
     partial: Path, parts: CheckpointParts, state: ProcessState, owner: bool, layouts: dict, safe: bool
 ) -> None:
+    if parts.before_save is not None:
+        parts.models = parts.before_save(partial)
     io = parts.strategy
     layouts["models"] = [
         io.save_model_files(partial, _name("model", i, ""), m, writer=owner, safe_serialization=safe)
@@ -302,6 +307,8 @@ def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *
 
 def _load(source: Path, parts: CheckpointParts, state: ProcessState, strict: bool) -> Path:
     folder = resolve_checkpoint(source)
+    if parts.before_load is not None:
+        parts.models = parts.before_load(folder)
     manifest = json.loads((folder / MANIFEST).read_text())
     for kind, have in (
         ("models", len(parts.models)),

@@ -3,5 +3,5 @@
 ``configs`` (Accelerate's dataclasses and kwargs handlers), ``nested`` (walking nested batches),
 ``unwrap`` (the user's model inside DDP and torch.compile), ``random_state`` (seeding and
 capturing generators), ``memory`` (recovering from out-of-memory), ``imports`` (the
-``is_*_available`` checks) and ``environment`` (``patch_environment``).
+``is_*_available`` checks), ``environment`` (``patch_environment``) and ``system`` (the kernel check).
 """

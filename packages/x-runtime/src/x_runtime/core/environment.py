@@ -1,10 +1,11 @@
 """``patch_environment`` and ``clear_environment``: the environment changed for the length of a block, as
-Accelerate's are."""
+Accelerate's are; ``convert_dict_to_env_variables``: variables as lines of an environment file."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -14,7 +15,11 @@ T = TypeVar("T")
 _PREFIXES = ("ACCELERATE_", "X_")
 _WRAPPED = "_x_purges_environment"
 
-__all__ = ["clear_environment", "patch_environment", "purge_accelerate_environment"]
+__all__ = ["clear_environment", "convert_dict_to_env_variables", "patch_environment", "purge_accelerate_environment"]
+
+_log = logging.getLogger(__name__)
+# What would break a ``KEY=value`` line of an environment file, or a shell reading it.
+_FORBIDDEN = (";", "\n", "<", ">", " ")
 
 
 @contextlib.contextmanager
@@ -123,3 +128,23 @@ def purge_accelerate_environment(func_or_cls: T) -> T:
 
     func_or_cls.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
     return func_or_cls
+
+
+def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
+    """``KEY=value\\n`` lines for an environment file; pairs that would break one are skipped with a warning.
+
+    A pair is skipped when the key or the value is empty or holds ``;``, a newline, ``<``, ``>``
+    or a space.
+
+    Examples:
+        >>> convert_dict_to_env_variables({"X_DEBUG_MODE": "1", "OMP_NUM_THREADS": "4"})
+        ['X_DEBUG_MODE=1\\n', 'OMP_NUM_THREADS=4\\n']
+    """
+    lines: list[str] = []
+    for key, value in current_env.items():
+        key, value = str(key), str(value)
+        if key and value and not any(char in key + value for char in _FORBIDDEN):
+            lines.append(f"{key}={value}\n")
+        else:
+            _log.warning("skipping %s=%r: empty, or holds one of ; < > a space or a newline", key, value)
+    return lines

@@ -19,6 +19,7 @@ from x_runtime.core.nested import concat_batches, find_batch_size, send_to_devic
 from x_runtime.data._position import _Cursor, _EpochCounter
 from x_runtime.data.epoch_rng import EpochRandomness
 from x_runtime.data.gradient_state import GradientState
+from x_runtime.data.loader_state import DataLoaderStateMixin, StatefulLook
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, check_split
 from x_runtime.data.sharding import Sharding
 from x_runtime.data.steps import BatchOps, global_steps, rank_batch_count
@@ -35,7 +36,7 @@ def _unwrap(source: Any) -> Any:
     return source
 
 
-class _PreparedLoader(DataLoader):
+class _PreparedLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
     """What both prepared loaders share: bookkeeping, epochs, state and the iteration protocol."""
 
     _fast = True  # iterate the DataLoader directly (else ``_rank_batches`` produces the batches)
@@ -156,6 +157,8 @@ class _PreparedLoader(DataLoader):
         """The epoch being iterated, or the one the next iteration will run."""
         running = self._cursor.epoch
         return running if running is not None else self._epochs.epoch
+
+    iteration = property(lambda s: s.epoch, lambda s, epoch: s.set_epoch(epoch), doc="Accelerate's name for ``epoch``.")
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration run ``epoch``: the shuffle order, and the ``set_epoch`` of the user's

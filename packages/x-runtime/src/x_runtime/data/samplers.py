@@ -319,7 +319,7 @@ def check_split(batch_size: int | None, sharding: Sharding) -> None:
         )
     if batch_size % num_processes != 0:
         raise ValueError(
-            f"split_batches=True needs the batch size ({batch_size}) to be a multiple of the number of "
+            f"split_batches=True needs the batch size ({batch_size}) to be a round multiple of the number of "
             f"processes ({num_processes})"
         )
 

@@ -80,12 +80,18 @@ def _shards(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torc
     return shards
 
 
-def save_tensors_file(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike[str]) -> None:
-    """One safetensors file holding ``state_dict``, shared tensors once (atomic write)."""
+def save_tensors_file(state_dict: Mapping[str, torch.Tensor], path: str | os.PathLike[str]) -> dict[str, str]:
+    """One safetensors file holding ``state_dict``, shared tensors once (atomic write).
+
+    Returns:
+        ``alias -> kept name`` for the tensors stored once under another name (the file's
+        ``aliases`` metadata, which ``load_tensors_file`` reads to restore them).
+    """
     tensors, aliases = _dedupe(state_dict)
     tensors = {name: tensor.cpu() for name, tensor in tensors.items()}
     metadata = {"format": "pt", "aliases": json.dumps(aliases)}
     write_file_atomic(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    return aliases
 
 
 def save_object(obj: Any, path: str | os.PathLike[str], *, safe_serialization: bool = False) -> None:

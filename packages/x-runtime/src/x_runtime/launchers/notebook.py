@@ -156,6 +156,50 @@ def notebook_launcher(
     if num_processes <= 1 and num_nodes <= 1:
         with patch_environment(**{env.MIXED_PRECISION.name: mode}):
             return _run_here(function, args, max_restarts)
+    return start_workers(
+        function,
+        args,
+        num_processes,
+        mode,
+        use_port=use_port,
+        master_addr=master_addr,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_conf=rdzv_conf,
+        rdzv_id=rdzv_id,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        log_line_prefix_template=log_line_prefix_template,
+    )
+
+
+def start_workers(
+    function: Callable[..., Any],
+    args: tuple[Any, ...],
+    num_processes: int,
+    mixed_precision: str,
+    *,
+    use_port: str = "29500",
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    rdzv_backend: str = "static",
+    rdzv_endpoint: str = "",
+    rdzv_conf: dict[str, Any] | None = None,
+    rdzv_id: str = "none",
+    max_restarts: int = 0,
+    monitor_interval: float = 0.1,
+    log_line_prefix_template: str | None = None,
+) -> dict[int, Any]:
+    """``function(*args)`` in ``num_processes`` forked workers on torch's elastic agent (even one).
+
+    The arguments are ``notebook_launcher``'s; ``mixed_precision`` is already checked.
+
+    Returns:
+        Each local rank's return value.
+    """
     if torch.cuda.is_initialized():
         raise ValueError(
             "CUDA was initialised in this process before notebook_launcher: forked workers could not use it. "
@@ -187,8 +231,10 @@ def notebook_launcher(
     }
     known = {f.name for f in fields(LaunchConfig)}
     config = LaunchConfig(**{k: v for k, v in options.items() if k in known})
-    where = {env.MASTER_ADDR.name: master_addr, env.MASTER_PORT.name: use_port, env.MIXED_PRECISION.name: mode}
-    print(f"Launching training on {num_processes} {'GPU' if is_cuda_available() else 'CPU'}s.")
+    where = {env.MASTER_ADDR.name: master_addr, env.MASTER_PORT.name: use_port}
+    where[env.MIXED_PRECISION.name] = mixed_precision
+    on_gpu = is_cuda_available() and not env.USE_CPU.read()
+    print(f"Launching training on {num_processes} {'GPU' if on_gpu else 'CPU'}s.")
     in_main_thread = threading.current_thread() is threading.main_thread()
     caller_handlers = _handlers_now() if in_main_thread else {}
     try:

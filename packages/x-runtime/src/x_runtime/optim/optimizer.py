@@ -35,7 +35,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.scaler = scaler
-        self._step_was_skipped = False
+        self._is_overflow = False  # Accelerate's name for it, which code written for Accelerate sets
         self._unscaled = False
         self.steps_in_backward = False  # DeepSpeed: the engine steps and zeroes inside backward
         # The strategy's part of a step (XLA: average gradients across replicas, then cut the graph).
@@ -113,13 +113,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def _step(self, closure: Any) -> Any:
         self._unscaled = False
         if self.scaler is None:
-            self._step_was_skipped = False
+            self._is_overflow = False
             return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         scale_before = self.scaler.get_scale()
         result = self.scaler.step(self.optimizer, closure) if closure is not None else self.scaler.step(self.optimizer)
         self.scaler.update()
         # The scaler lowers its scale exactly when it skipped the step for inf/nan gradients.
-        self._step_was_skipped = self.scaler.get_scale() < scale_before
+        self._is_overflow = self.scaler.get_scale() < scale_before
         return result
 
     @property
@@ -128,7 +128,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.steps_in_backward:
             # DeepSpeed scales the loss itself and skips the step inside backward on overflow.
             return bool(getattr(self.optimizer, "overflow", False))
-        return self._step_was_skipped
+        return self._is_overflow
 
     def train(self) -> None:
         if hasattr(self.optimizer, "train"):

@@ -47,7 +47,9 @@ class AcceleratedScheduler:
             return
         if any(opt.step_was_skipped for opt in self.optimizers):
             return
-        if self.split_batches or not self.gradient_state.adjust_scheduler:
+        # adjust_scheduler changes only the count of micro-batches above, as in Accelerate: the N
+        # steps per step below stand whatever it says.
+        if self.split_batches:
             self.scheduler.step(*args, **kwargs)
             return
         total = getattr(self.scheduler, "total_steps", None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import pickle
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -20,7 +21,7 @@ import torch
 from x_common.env import MIXED_PRECISIONS
 from x_runtime.core import nested
 
-__all__ = ["Precision", "convert_to_fp32", "unwrap_forward"]
+__all__ = ["Precision", "convert_outputs_to_fp32", "convert_to_fp32", "unwrap_forward"]
 
 # fp8 converts Linear layers (precision.fp8, after its hardware check); the rest runs in bf16.
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
@@ -100,14 +101,49 @@ class Precision:
 
 
 def unwrap_forward(model: torch.nn.Module) -> None:
-    """Undo ``Precision.wrap_forward``."""
-    original: Callable[..., Any] | None = model.__dict__.pop("_x_original_forward", None)
-    if original is None:
-        return
-    if getattr(original, "__self__", None) is model and original.__func__ is type(model).forward:  # type: ignore[attr-defined]
-        model.__dict__.pop("forward", None)
-    else:
-        model.forward = original
+    """Undo ``Precision.wrap_forward``, and a conversion whose forward before it is ``model._original_forward``.
+
+    ``_original_forward`` is Accelerate's (and transformers') convention for a forward wrapped by
+    hand (with :func:`convert_outputs_to_fp32`, say): ``extract_model_from_parallel(...,
+    keep_fp32_wrapper=False)`` puts it back.
+    """
+    for marker in ("_x_original_forward", "_original_forward"):
+        original: Callable[..., Any] | None = model.__dict__.pop(marker, None)
+        if original is None:
+            continue
+        if getattr(original, "__self__", None) is model and original.__func__ is type(model).forward:  # type: ignore[attr-defined]
+            model.__dict__.pop("forward", None)
+        else:
+            model.forward = original
+
+
+class _Fp32Outputs:
+    """``forward`` whose float16/bfloat16 outputs come back as float32 (see :func:`convert_outputs_to_fp32`)."""
+
+    def __init__(self, forward: Callable[..., Any]) -> None:
+        self.forward = forward
+        functools.update_wrapper(self, forward)  # __wrapped__: the forward it converts
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return convert_to_fp32(self.forward(*args, **kwargs))
+
+    def __reduce__(self) -> Any:
+        raise pickle.PicklingError(
+            "cannot pickle a model whose forward converts its outputs to float32 (mixed precision): unwrap it "
+            "first with accelerator.unwrap_model(model) or extract_model_from_parallel(model, keep_fp32_wrapper=False)"
+        )
+
+
+def convert_outputs_to_fp32(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` returning its float16/bfloat16 tensors as float32, other outputs unchanged.
+
+    Pickling it is refused with a message saying how to unwrap the model first.
+
+    Examples:
+        >>> convert_outputs_to_fp32(lambda: {"loss": torch.ones(1, dtype=torch.float16)})()["loss"].dtype
+        torch.float32
+    """
+    return _Fp32Outputs(forward)
 
 
 def convert_to_fp32(data: Any) -> Any:

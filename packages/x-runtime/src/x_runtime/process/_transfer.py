@@ -5,12 +5,16 @@ padded gathers of tensors whose first dimension differs across processes.
 from __future__ import annotations
 
 import operator
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from x_runtime.core.nested import apply, flatten_tensors
 from x_runtime.process._shape_check import _gather_into, _meta_device, _Table
+from x_runtime.process.errors import CannotPadNestedTensorWarning
 
 # Tensors up to this size travel together in one byte buffer: below it a collective's latency
 # costs more than the copies into and out of the buffer.
@@ -153,3 +157,15 @@ def _source_rank(op: str, from_process: Any, world: int) -> int:
     if isinstance(from_process, bool) or not 0 <= source < world:
         raise ValueError(f"{op}: from_process must be a rank in [0, {world}), got {from_process!r}")
     return source
+
+
+def _around_nested(data: Any, pad: Callable[[Any], Any]) -> Any:
+    """``pad(data)`` with every nested tensor left out (an empty stand-in goes through) and put back as it was."""
+    warnings.warn(
+        "pad_across_processes: a nested tensor has no one size to pad; it is returned unchanged",
+        CannotPadNestedTensorWarning,
+        stacklevel=3,
+    )
+    originals = iter(flatten_tensors(data))
+    padded = pad(apply(lambda t: torch.empty(0, dtype=t.dtype, device=t.device) if t.is_nested else t, data))
+    return apply(lambda t: original if (original := next(originals)).is_nested else t, padded)

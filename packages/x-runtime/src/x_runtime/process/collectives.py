@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from x_runtime.core.nested import apply
+from x_runtime.core.nested import apply, flatten_tensors
 from x_runtime.process._gather_fold import gather_tensors
 from x_runtime.process._shape_check import (
     _by_rank,
@@ -31,7 +31,7 @@ from x_runtime.process._shape_check import (
     _walk,
     object_group,
 )
-from x_runtime.process._transfer import _as_rows, _on_xla_if_needed, _pad, _source_rank, _wire
+from x_runtime.process._transfer import _around_nested, _as_rows, _on_xla_if_needed, _pad, _source_rank, _wire
 from x_runtime.process.debug import debug_mode, verify_operation
 from x_runtime.process.errors import DistributedOperationException
 from x_runtime.process.shared_int import share_int
@@ -175,6 +175,8 @@ def pad_across_processes(
         >>> pad_across_processes(torch.tensor([1, 2]), pad_index=-1)
         tensor([1, 2])
     """
+    if any(t.is_nested for t in flatten_tensors(data)):
+        return _around_nested(data, lambda stand_in: pad_across_processes(stand_in, dim, pad_index, pad_first))
     world = world_size()
     if world == 1:
         _raise_local_problems("pad_across_processes", _walk(data))

@@ -1,8 +1,9 @@
-"""The error every process raises together when a collective's inputs disagree across processes."""
+"""The error every process raises together when a collective's inputs disagree across processes, and the
+warning for nested tensors ``pad_across_processes`` leaves as they are."""
 
 from __future__ import annotations
 
-__all__ = ["DistributedOperationException"]
+__all__ = ["CannotPadNestedTensorWarning", "DistributedOperationException"]
 
 
 class DistributedOperationException(ValueError):
@@ -12,3 +13,7 @@ class DistributedOperationException(ValueError):
     that caught the shape check's ``ValueError`` keeps working (Accelerate's derives from
     ``Exception``).
     """
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """``pad_across_processes`` met a nested (jagged) tensor: it has no one size to pad, so it comes back unchanged."""

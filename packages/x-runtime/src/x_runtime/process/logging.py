@@ -56,9 +56,10 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         """
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
-        # The caller's stacklevel counts from its own frame; add the adapter frames between it and
-        # Logger.log (this method, and _log_in_order) so records name the caller's file and line.
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1 + bool(in_order)
+        # Logger.log counts stacklevel from its caller: _log_in_order when in order, else this method.
+        # Unset, it skips this method so records name our caller's file and line; set, it counts
+        # from this method, as Accelerate's does (a wrapper of this adapter sets it past its own frames).
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 2) + bool(in_order)
         if in_order:
             self._log_in_order(level, msg, args, kwargs)
             return
@@ -99,8 +100,8 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         if key in self._warned:
             return
         self._warned.add(key)
-        # This method is one more frame between the caller and log().
-        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+        # Counted from log(): log, this method, then our caller.
+        kwargs.setdefault("stacklevel", 3)
         self.log(logging.WARNING, msg, *args, **kwargs)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 # Public name -> the module defining it, imported on first use (backends load only when asked).
 _HOMES = {
+    "LOGGER_TYPE_TO_CLASS": "registry",
     "GeneralTracker": "base",
     "LoggerType": "registry",
     "MLflowTracker": "mlflow",
@@ -25,6 +26,7 @@ _HOMES = {
     "available_trackers": "registry",
     "build_trackers": "registry",
     "filter_trackers": "registry",
+    "register_tracker_class": "registry",
 }
 __all__ = sorted(_HOMES)
 

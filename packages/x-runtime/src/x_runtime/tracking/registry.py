@@ -19,6 +19,7 @@ import difflib
 import importlib.util
 import logging
 import os
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any
@@ -29,6 +30,7 @@ from x_runtime.tracking.tensorboard import TensorBoardTracker
 from x_runtime.tracking.wandb import WandBTracker
 
 __all__ = [
+    "LOGGER_TYPE_TO_CLASS",
     "GeneralTracker",
     "LoggerType",
     "MLflowTracker",
@@ -38,6 +40,7 @@ __all__ = [
     "available_trackers",
     "build_trackers",
     "filter_trackers",
+    "register_tracker_class",
 ]
 
 _log = logging.getLogger(__name__)
@@ -70,6 +73,56 @@ _BUILTIN: dict[LoggerType, tuple[type[GeneralTracker], tuple[str, ...], str]] = 
 }
 
 
+# Every tracker a name in log_with may ask for: the built-in ones, and those register_tracker_class adds.
+LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {str(kind): cls for kind, (cls, _, _) in _BUILTIN.items()}
+
+
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
+    """Let ``log_with`` name ``tracker_class`` by its ``name``, as it names the built-in trackers.
+
+    ``init_trackers`` builds it as the built-in ones: ``tracker_class(project_name, **init_kwargs)``,
+    with the logging directory as second argument when ``requires_logging_directory`` is true.
+    Register before building the ``Accelerator`` that names it.
+
+    Raises:
+        ValueError: not a ``GeneralTracker`` subclass, or without a ``name`` or a
+            ``requires_logging_directory`` class attribute.
+    """
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        raise ValueError(f"register_tracker_class: expected a GeneralTracker subclass, got {tracker_class!r}")
+    name = getattr(tracker_class, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"register_tracker_class: {tracker_class.__name__} needs a non-empty `name` class attribute")
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ValueError(
+            f"register_tracker_class: {tracker_class.__name__} needs a `requires_logging_directory` class "
+            "attribute (True when it writes under the accelerator's logging directory)"
+        )
+    if name.strip().lower() == str(LoggerType.ALL):
+        raise ValueError("register_tracker_class: 'all' selects the built-in trackers; choose another name")
+    taken = _registered_key(name)  # names match whatever their case, as log_with's do
+    if taken is not None:
+        warnings.warn(
+            f"register_tracker_class: the tracker name {taken!r} was taken by "
+            f"{LOGGER_TYPE_TO_CLASS.pop(taken).__name__}; {tracker_class.__name__} replaces it",
+            UserWarning,
+            stacklevel=2,
+        )
+    LOGGER_TYPE_TO_CLASS[name] = tracker_class
+
+
+def _registered_key(name: str) -> str | None:
+    wanted = name.strip().lower()
+    return next((key for key in LOGGER_TYPE_TO_CLASS if key.strip().lower() == wanted), None)
+
+
+def _class_of(chosen: LoggerType | str) -> type[GeneralTracker]:
+    key = _registered_key(str(chosen))
+    if key is not None:
+        return LOGGER_TYPE_TO_CLASS[key]
+    return _BUILTIN[LoggerType(str(chosen))][0]
+
+
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -96,17 +149,18 @@ TrackerSpec = str | LoggerType | GeneralTracker
 def filter_trackers(
     log_with: TrackerSpec | Iterable[TrackerSpec] | None,
     logging_dir: str | os.PathLike[str] | None = None,
-) -> list[LoggerType | GeneralTracker]:
+) -> list[LoggerType | str | GeneralTracker]:
     """Validate ``log_with`` and resolve it to tracker types and custom tracker instances.
 
     Args:
-        log_with: A tracker name, ``LoggerType``, ``GeneralTracker`` instance, or a list of them.
-            ``"all"`` adds every built-in tracker whose package is installed.
+        log_with: A tracker name (built-in, or given to ``register_tracker_class``), ``LoggerType``,
+            ``GeneralTracker`` instance, or a list of them. ``"all"`` adds every built-in tracker
+            whose package is installed.
         logging_dir: The directory for trackers that write local files (TensorBoard).
 
     Returns:
         The trackers in request order, without repeats: ``LoggerType`` members for built-in
-        trackers (they are also ``str``), custom instances as given.
+        trackers (they are also ``str``), the name of a registered class, custom instances as given.
 
     Raises:
         ValueError: an unknown tracker name, or a tracker needing a directory without ``logging_dir``.
@@ -127,7 +181,7 @@ def filter_trackers(
         entries = [log_with]
     else:
         entries = list(log_with)
-    selected: list[LoggerType | GeneralTracker] = []
+    selected: list[LoggerType | str | GeneralTracker] = []
     for entry in entries:
         if isinstance(entry, GeneralTracker):
             missing = _missing_attributes(entry)
@@ -142,29 +196,36 @@ def filter_trackers(
             )
         kind = _parse_name(entry)
         if kind is LoggerType.ALL:
-            kinds = available_trackers()
-        else:
+            kinds: list[LoggerType | str] = list(available_trackers())
+        elif isinstance(kind, LoggerType) and _class_of(kind) is _BUILTIN[kind][0]:
             _, modules, package = _BUILTIN[kind]
             if not any(_installed(m) for m in modules):
                 raise ImportError(f"log_with={str(kind)!r} needs the {package} package: pip install {package}")
             kinds = [kind]
+        else:  # a registered class (perhaps under a built-in name): its package is its own affair
+            kinds = [kind]
         selected.extend(k for k in kinds if k not in selected)
 
     for chosen in selected:
-        if isinstance(chosen, LoggerType) and _BUILTIN[chosen][0].requires_logging_directory and logging_dir is None:
+        needs_dir = not isinstance(chosen, GeneralTracker) and _class_of(chosen).requires_logging_directory
+        if needs_dir and logging_dir is None:
             raise ValueError(
-                f"the {chosen} tracker writes files and needs a directory: "
+                f"Logging with `{chosen}` requires a `logging_dir`: the tracker writes files; "
                 "pass project_dir (or logging_dir) to the Accelerator"
             )
     return selected
 
 
-def _parse_name(entry: str) -> LoggerType:
+def _parse_name(entry: str) -> LoggerType | str:
     name = str(entry).strip().lower()
     try:
         return LoggerType(name)
     except ValueError:
+        registered = _registered_key(name)
+        if registered is not None:
+            return registered
         valid = [kind.value for kind in LoggerType]
+        valid += [key for key in LOGGER_TYPE_TO_CLASS if key not in valid]
         close = difflib.get_close_matches(name, valid, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"unknown tracker {entry!r}{hint} Valid trackers: {', '.join(valid)}") from None
@@ -211,10 +272,10 @@ def build_trackers(
             if isinstance(chosen, GeneralTracker):
                 tracker = chosen
             else:
-                cls = _BUILTIN[chosen][0]
+                cls = _class_of(chosen)
                 # Each built-in class takes (name, [logging_dir,] **kwargs), not GeneralTracker's own arguments.
                 make: Callable[..., GeneralTracker] = cls
-                kwargs = dict(init_kwargs.get(chosen.value, {}))
+                kwargs = dict(init_kwargs.get(str(chosen), {}))
                 if cls.requires_logging_directory:
                     tracker = make(project_name, logging_dir, **kwargs)
                 else:

@@ -8,12 +8,31 @@ sets variables for the length of a block).
 
 from x_runtime.accelerator.extract import extract_model_from_parallel
 from x_runtime.core import imports
-from x_runtime.core.environment import clear_environment, patch_environment, purge_accelerate_environment
+from x_runtime.core.environment import (
+    clear_environment,
+    convert_dict_to_env_variables,
+    patch_environment,
+    purge_accelerate_environment,
+)
 from x_runtime.core.imports import *  # noqa: F403 - every check, named once in imports.__all__
+from x_runtime.core.nested import concatenate, listify, pad_input_tensors, recursively_apply
+from x_runtime.core.system import check_os_kernel
 from x_runtime.core.versions import compare_versions, is_torch_version
+from x_runtime.precision.policy import convert_outputs_to_fp32
+from x_runtime.process.errors import CannotPadNestedTensorWarning
+from x_runtime.process.saving import save
 
 __all__ = [
     *imports.__all__,
+    "CannotPadNestedTensorWarning",
+    "check_os_kernel",
+    "concatenate",
+    "convert_dict_to_env_variables",
+    "convert_outputs_to_fp32",
+    "listify",
+    "pad_input_tensors",
+    "recursively_apply",
+    "save",
     "clear_environment",
     "compare_versions",
     "extract_model_from_parallel",
