@@ -15,7 +15,7 @@ import unit
 SOURCE = """\
 import unittest
 from accelerate import Accelerator, no_such_name_in_x
-from accelerate.hooks import ModelHook, AlignDevicesHook as Align
+from accelerate.hooks import ModelHook, LayerwiseCastingHook as Align
 from accelerate.test_utils import require_cpu
 
 
@@ -34,9 +34,9 @@ class T(unittest.TestCase):
 
 def test_x_side_imports_from_x_and_names_x_lacks_become_stand_ins() -> None:
     text, missing = unit.to_x(SOURCE, "test_t.py")
-    assert missing == ["accelerate.hooks.AlignDevicesHook", "accelerate.no_such_name_in_x"]
+    assert missing == ["accelerate.hooks.LayerwiseCastingHook", "accelerate.no_such_name_in_x"]
     assert "from x_runtime import Accelerator\n" in text and "from x_bigmodel import ModelHook\n" in text
-    assert "Align = x_compat_missing.Missing('accelerate.hooks.AlignDevicesHook')\n" in text
+    assert "Align = x_compat_missing.Missing('accelerate.hooks.LayerwiseCastingHook')\n" in text
     assert "no_such_name_in_x = x_compat_missing.Missing('accelerate.no_such_name_in_x')\n" in text
     assert "from accelerate.test_utils import require_cpu\n" in text  # Accelerate's scaffolding stays
     assert "from accelerate import" not in text and "from accelerate.hooks" not in text
@@ -57,7 +57,7 @@ def test_a_stand_in_fails_only_where_it_is_used(tmp_path: Path) -> None:
     outcomes = unit.parse_junit(report)
     assert outcomes["test_t.py::T::test_uses_x"].status == "passed"
     missing = outcomes["test_t.py::T::test_uses_a_missing_name"]
-    assert missing.status == "failed" and "x has no accelerate.hooks.AlignDevicesHook" in missing.message
+    assert missing.status == "failed" and "x has no accelerate.hooks.LayerwiseCastingHook" in missing.message
     # A stand-in compared, not used, still runs: only a call or an attribute fails.
     assert outcomes["test_t.py::T::test_scaffolding_stays"].status == "passed"
 

@@ -137,8 +137,8 @@ def convert_dict_to_env_variables(current_env: dict[str, str]) -> list[str]:
     or a space.
 
     Examples:
-        >>> convert_dict_to_env_variables({"X_DEBUG_MODE": "1", "OMP_NUM_THREADS": "4"})
-        ['X_DEBUG_MODE=1\\n', 'OMP_NUM_THREADS=4\\n']
+        >>> convert_dict_to_env_variables({"MY_FLAG": "1", "OMP_NUM_THREADS": "4"})
+        ['MY_FLAG=1\\n', 'OMP_NUM_THREADS=4\\n']
     """
     lines: list[str] = []
     for key, value in current_env.items():
