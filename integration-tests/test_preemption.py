@@ -149,10 +149,10 @@ def test_an_unknown_preemption_signal_is_refused_with_one_line(tmp_path: Path, l
 
 SBATCH = """#!/bin/bash
 #SBATCH --nodes=1 --ntasks=1 --cpus-per-task=2 --output={out}/slurm-%j.out --open-mode=append {sbatch}
-echo "start $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}}"
+echo "start $SLURM_JOB_ID restart ${{SLURM_RESTART_COUNT:-0}} at $(date +%s)"
 if [ "${{SLURM_RESTART_COUNT:-0}}" = 0 ]; then first="{first}"; else first=""; fi
 srun {launcher} --num_processes 2 --cpu --requeue {worker} {proj} {final} {train} --resume-if-any $first
-echo "srun exited $?"
+echo "srun exited $? at $(date +%s)"
 """
 
 
@@ -271,11 +271,12 @@ def test_slurm_job_signalled_with_usr1_requeues_and_resumes_exactly(
 def test_slurm_signal_before_the_time_limit_requeues_and_resumes_exactly(
     tmp_path: Path, launch_env, reference, fast_requeue
 ) -> None:
-    """``#SBATCH --time=1 --signal=USR1@55``: USR1 some 5 s in (SLURM checks time limits about every
-    30 s). The first run is slow and stops for it; the requeued one (not preemptible, fast) finishes,
-    and a USR1 reaching it then is said and requeues nothing."""
+    """``#SBATCH --time=1 --signal=USR1@50``: USR1 10 to 40 s in (SLURM checks time limits every 30 s;
+    x-launch holds a USR1 that lands while it starts, the unit tests show that). The first run is
+    slow and stops for it; the requeued one (not preemptible, fast) finishes, and a USR1 reaching it
+    then is said and requeues nothing."""
     environ = {**launch_env(tmp_path), "PYTHONUNBUFFERED": "1"}
-    job_id = _submit(tmp_path, environ, sbatch="--time=1 --signal=USR1@55", first="--preemptible --pace 4")
+    job_id = _submit(tmp_path, environ, sbatch="--time=1 --signal=USR1@50", first="--preemptible --pace 4")
     try:
         _wait_done(tmp_path, job_id, time.monotonic() + TIMEOUT)
     finally:

@@ -149,3 +149,50 @@ def test_a_signal_no_rank_stopped_for_is_said_and_requeues_nothing(tmp_path: Pat
     code, out, err = _one_rank(tmp_path, signal.SIGUSR1, "finishes")
     assert code == 0 and out == "saw the marker\n", err
     assert err.strip().splitlines()[-1].startswith("x-launch: a preemption signal came, but no rank stopped for it")
+
+
+def _blocked_on_a_fifo_config(tmp_path: Path, *flags: str) -> tuple[subprocess.Popen, int]:
+    """x-launch started with a FIFO as its config file: it waits there, well before any launch.
+
+    Returns the process and the FIFO's write end, opened once x-launch has opened it to read.
+    """
+    script, ready = tmp_path / "train.py", tmp_path / "ready"
+    script.write_text(_ONE_RANK)
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("X_", "SLURM_"))}
+    launcher = str(Path(sys.executable).with_name("x-launch"))
+    argv = [launcher, "--config_file", str(fifo), "--cpu", *flags, str(script), str(ready), "stops"]
+    job = subprocess.Popen(argv, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(1200):
+        try:
+            return job, os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until x-launch reads it
+        except OSError:
+            assert job.poll() is None, job.communicate()
+            subprocess.run(["sleep", "0.05"], check=True)
+    job.kill()
+    pytest.fail("x-launch never opened its config file")
+
+
+def test_a_preemption_signal_while_x_launch_starts_is_acted_on_once_the_ranks_run(tmp_path: Path) -> None:
+    """SLURM's --signal can land while x-launch is still reading its config: USR1's default action
+    would end it there ("task 0: User defined signal 1") and the job would neither train nor requeue."""
+    job, config = _blocked_on_a_fifo_config(tmp_path, "--preemption_signals", "USR1")
+    os.kill(job.pid, signal.SIGUSR1)
+    os.write(config, b"num_processes: 1\n")
+    os.close(config)
+    out, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    assert out == "saw the marker\n"  # the marker was there before the rank's first look
+    assert (tmp_path / "ready").read_text() == "USR1"
+    assert err.strip().splitlines()[-1] == "x-launch: preempted; the ranks saved and exited"
+
+
+def test_an_early_signal_the_launch_does_not_take_for_preemption_still_ends_x_launch(tmp_path: Path) -> None:
+    job, config = _blocked_on_a_fifo_config(tmp_path, "--preemption_signals", "TERM")
+    os.kill(job.pid, signal.SIGUSR1)
+    os.write(config, b"num_processes: 1\n")
+    os.close(config)
+    job.communicate(timeout=60)
+    assert job.returncode == -signal.SIGUSR1
+    assert not (tmp_path / "ready").exists()  # nothing was started

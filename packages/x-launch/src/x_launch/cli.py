@@ -310,9 +310,11 @@ def launch(
     if dry_run:
         click.echo(plan.describe())
         return
+    from x_launch.early_signals import EarlySignals
     from x_launch.run_process import run_plan
 
-    sys.exit(run_plan(plan))
+    early = click.get_current_context().obj
+    sys.exit(run_plan(plan, early if isinstance(early, EarlySignals) else None))
 
 
 def _value_options(command: click.Command) -> set[str]:
@@ -334,15 +336,20 @@ def _is_launch(args: list[str]) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: bad input is one line on stderr and exit code 2."""
-    from x_launch.accelerate_flags import prepare_launch_args
-    from x_launch.config_file import ConfigError
-
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["launch"]:
         # `accelerate launch ...` habits: the word is optional here (`x-launch launch --help` too).
         args, command = args[1:] or ["--help"], launch
     else:
         command = launch if _is_launch(args) else _cli
+    early = None
+    if command is launch and argv is None:  # a process of its own: the signal handlers are ours
+        from x_launch.early_signals import EarlySignals
+
+        early = EarlySignals.catch()
+    from x_launch.accelerate_flags import prepare_launch_args
+    from x_launch.config_file import ConfigError
+
     try:
         if command is launch:
             args = prepare_launch_args(args, _value_options(launch))
@@ -350,7 +357,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(2)
     try:
-        code: Any = command.main(args=args, prog_name="x-launch", standalone_mode=False)
+        code: Any = command.main(args=args, prog_name="x-launch", standalone_mode=False, obj=early)
     except ConfigError as exc:
         click.echo(f"Error: {exc}", err=True)
         sys.exit(exc.exit_code)

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 
 from x_common import env
+from x_launch.early_signals import EarlySignals
 from x_launch.failures import AgentError, RankFailure, describe_failure, read_report
 from x_launch.launch_plan import Engine, LaunchPlan
 from x_launch.preemption import PreemptionRelay, parse_signals, requeue_job
@@ -148,12 +149,20 @@ def _remove_stale_scratch(folder: Path) -> None:
             continue  # alive, under another user
 
 
-def run_plan(plan: LaunchPlan) -> int:
-    """Start the plan's command and wait; the exit code (128 + N when a signal N stopped it)."""
+def run_plan(plan: LaunchPlan, early: EarlySignals | None = None) -> int:
+    """Start the plan's command and wait; the exit code (128 + N when a signal N stopped it).
+
+    ``early``: the preemption-style signals caught since x-launch started; a preemption signal
+    among them is acted on as soon as the command runs, any other ends x-launch here, as it would
+    have when it came.
+    """
+    relay = PreemptionRelay(parse_signals(plan.settings.preemption_signals))
+    unwanted = early.unwanted(relay.signals) if early is not None else None
+    if unwanted is not None:
+        EarlySignals.die_of(unwanted)
     watch = plan.engine is Engine.TORCHRUN
     if watch:
         _remove_stale_scratch(Path(tempfile.gettempdir()))
-    relay = PreemptionRelay(parse_signals(plan.settings.preemption_signals))
     # srun (one x-launch per node) passes the signal on to the x-launch of every node.
     relays = plan.engine is not Engine.SRUN
     report = _report_path() if watch else None
@@ -180,6 +189,8 @@ def run_plan(plan: LaunchPlan) -> int:
 
     handlers = {signal.SIGINT: forward, signal.SIGTERM: forward, **dict.fromkeys(relay.signals, preempt)}
     previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    for number in early.caught if early is not None else ():
+        preempt(number, None)  # came while x-launch was starting: the ranks see it at their first check
     log_dir = _log_dir(plan.argv) if plan.scratch_logs is None else None
     agent_log = log_dir / "torchrun.log" if log_dir is not None else None
     pump = None
