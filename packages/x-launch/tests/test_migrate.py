@@ -31,11 +31,8 @@ AFTER = """\
 import os
 import x_runtime as accelerate
 import sys
-from x_runtime import Accelerator
-from x_bigmodel import init_empty_weights  # setup
-from x_runtime import set_seed
-from x_bigmodel import get_max_memory as gmm
-from x_bigmodel import add_hook_to_module
+from x_runtime import Accelerator, set_seed
+from x_bigmodel import init_empty_weights, get_max_memory as gmm, add_hook_to_module  # setup
 from x_launch import merge_command, merge_command_parser
 from torch import nn
 
@@ -75,7 +72,7 @@ def test_cli_prints_the_diff_and_writes_only_with_write(capsys, tmp_path: Path) 
     assert code == 0 and path.read_text() == BEFORE
     assert out.startswith(f"--- a/{path}\n+++ b/{path}\n")
     assert "-from accelerate import Accelerator, init_empty_weights  # setup\n" in out
-    assert "+from x_bigmodel import init_empty_weights  # setup\n" in out
+    assert "+from x_bigmodel import init_empty_weights, get_max_memory as gmm, add_hook_to_module  # setup\n" in out
     code, _, _ = run(capsys, "migrate", "--write", str(path))
     assert code == 0 and path.read_text() == AFTER
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
@@ -95,24 +92,23 @@ def test_a_file_that_does_not_parse_is_one_line_exit_2_and_nothing_is_written(ca
 
 def test_each_name_goes_to_the_package_that_exports_it_and_one_x_lacks_stays(capsys, tmp_path: Path) -> None:
     text = (
-        "from accelerate.utils import set_module_tensor_to_device, set_seed, TorchContextParallelConfig\n"
+        "from accelerate.utils import set_module_tensor_to_device, set_seed, x_lacks_this_name\n"
         "from accelerate.hooks import CpuOffload, LayerwiseCastingHook as Casting\n"
         "from accelerate.utils import some_helper_x_lacks\n"
     )
     assert migrate_source(text) == (
-        "from x_bigmodel import set_module_tensor_to_device\n"
+        "from x_bigmodel import set_module_tensor_to_device, CpuOffload\n"  # the hooks' line joined it
         "from x_runtime import set_seed\n"
-        "from accelerate.utils import TorchContextParallelConfig\n"
-        "from x_bigmodel import CpuOffload\n"
+        "from accelerate.utils import x_lacks_this_name\n"
         "from accelerate.hooks import LayerwiseCastingHook as Casting\n"
         "from accelerate.utils import some_helper_x_lacks\n"  # nothing to change: the line stays whole
     )
     path = tmp_path / "train.py"
     path.write_text(text)
     code, out, err = run(capsys, "migrate", str(path))
-    assert code == 0 and "+from x_bigmodel import set_module_tensor_to_device\n" in out
+    assert code == 0 and "+from x_bigmodel import set_module_tensor_to_device, CpuOffload\n" in out
     assert err.splitlines() == [
-        f"x-launch migrate: {path}:1: x has no accelerate.utils.TorchContextParallelConfig; its import from Accelerate stays",
+        f"x-launch migrate: {path}:1: x has no accelerate.utils.x_lacks_this_name; its import from Accelerate stays",
         f"x-launch migrate: {path}:2: x has no accelerate.hooks.LayerwiseCastingHook; its import from Accelerate stays",
         f"x-launch migrate: {path}:3: x has no accelerate.utils.some_helper_x_lacks; its import from Accelerate stays",
     ]

@@ -8,8 +8,10 @@ CPU).
 
 from __future__ import annotations
 
+import enum
 import os
 import pickle
+import sys
 
 import pytest
 import torch
@@ -33,6 +35,22 @@ from x_runtime import (
 # --- state views -------------------------------------------------------------------------------
 
 
+# Accelerate's definition (a str enum named DistributedType): the repr prints as it formats here.
+AccelerateDistributedType = enum.Enum("DistributedType", {"NO": "NO", "MULTI_CPU": "MULTI_CPU"}, type=str)
+
+
+ACCELERATE_NO = f"{AccelerateDistributedType.NO}"
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 formats a str enum as its value")
+def test_state_repr_prints_the_enum_as_accelerate_does_on_python_3_11() -> None:
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    assert repr(accelerator.state) == (  # Accelerate 1.15.0's text, side by side on 1 process
+        "Distributed environment: DistributedType.NO\nNum processes: 1\nProcess index: 0\n"
+        "Local process index: 0\nDevice: cpu\n\nMixed precision type: bf16\n"
+    )
+
+
 def test_partial_state_alone_reads_a_single_process() -> None:
     state = PartialState(cpu=True)
     assert (state.process_index, state.num_processes, state.local_process_index) == (0, 1, 0)
@@ -40,7 +58,8 @@ def test_partial_state_alone_reads_a_single_process() -> None:
     assert not state.use_distributed and state.initialized
     assert state.distributed_type == DistributedType.NO and state.device.type == "cpu"
     assert repr(state) == (
-        "Distributed environment: NO\nNum processes: 1\nProcess index: 0\nLocal process index: 0\nDevice: cpu\n"
+        f"Distributed environment: {ACCELERATE_NO}\nNum processes: 1\nProcess index: 0\nLocal process index: 0\n"
+        "Device: cpu\n"
     )
     with state.split_between_processes([1, 2, 3]) as share:
         assert share == [1, 2, 3]
@@ -161,7 +180,10 @@ def test_accelerate_names_on_two_processes(workers) -> None:
     assert zero["partial"] == [0, 2, 0, True] and one["partial"] == [1, 2, 1, False]
     assert zero["state"] == [0, 2, False, True] and one["state"] == [1, 2, True, True]
     assert zero["type_is_multi_cpu"] and zero["standalone_state_type"] == "MULTI_CPU"
-    assert zero["repr_head"] == ["Distributed environment: MULTI_CPU  Backend: gloo", "Num processes: 2"]
+    assert zero["repr_head"] == [
+        f"Distributed environment: {AccelerateDistributedType.MULTI_CPU}  Backend: gloo",
+        "Num processes: 2",
+    ]
     assert (zero["share"], one["share"]) == ([1, 2], [3])
     assert (zero["main_only"], one["main_only"]) == ("ran", None)
     # Join over gloo: rank 0 trains its second batch while rank 1, out of data, shadows it.

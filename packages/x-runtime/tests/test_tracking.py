@@ -6,6 +6,7 @@ import importlib.machinery
 import importlib.util
 import logging
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -94,8 +95,9 @@ def test_tensorboard_hparams_in_the_run_itself(tmp_path: Path) -> None:
     tracker = TensorBoardTracker("run", tmp_path)
     tracker.store_init_configuration({"lr": 0.001, "optimizer": {"name": "adamw", "betas": [0.9, 0.99]}, "seed": None})
     tracker.finish()
-    # one event file in the run directory, no timestamped sub-run
-    assert [p.name for p in (tmp_path / "run").iterdir() if p.is_dir()] == []
+    # The event file is the run's own; the one folder beside it holds hparams.yml alone (below).
+    (folder,) = [p for p in (tmp_path / "run").iterdir() if p.is_dir()]
+    assert [p.name for p in folder.iterdir()] == ["hparams.yml"]
     from tensorboard.plugins.hparams import plugin_data_pb2
 
     content = _events(tmp_path / "run").PluginTagToContent("hparams")
@@ -105,6 +107,18 @@ def test_tensorboard_hparams_in_the_run_itself(tmp_path: Path) -> None:
     assert hparams["optimizer/name"].string_value == "adamw"
     assert hparams["optimizer/betas"].string_value == "[0.9, 0.99]"
     assert hparams["seed"].string_value == "None"
+
+
+@needs_tensorboard
+def test_tensorboard_writes_hparams_yml_where_and_as_accelerate_does(tmp_path: Path) -> None:
+    before = time.time()
+    tracker = TensorBoardTracker("run", tmp_path)
+    tracker.store_init_configuration({"lr": 0.001, "optimizer": {"name": "adamw", "betas": [0.9, 0.99]}, "seed": None})
+    tracker.finish()
+    # Accelerate 1.15.0: <logging_dir>/<run>/<str(time.time())>/hparams.yml, yaml.dump of the values.
+    (path,) = (tmp_path / "run").glob("*/hparams.yml")
+    assert before <= float(path.parent.name) <= time.time()
+    assert path.read_text() == ("lr: 0.001\noptimizer:\n  betas:\n  - 0.9\n  - 0.99\n  name: adamw\nseed: null\n")
 
 
 @needs_tensorboard

@@ -183,7 +183,10 @@ def migrate(files: tuple[Path, ...], write: bool) -> None:
     exports it: x_bigmodel (init_empty_weights, load_checkpoint_and_dispatch, ..., the hooks),
     x_runtime (the rest), x_launch (accelerate.commands.*). A name x does not have keeps its
     import from accelerate, and a line on stderr says so. `import accelerate` becomes
-    `import x_runtime as accelerate`. Only import statements change.
+    `import x_runtime as accelerate`. The imports of one x module in a run of import lines
+    are merged into one. Only imports change, and a PEP 723 `# /// script` block's accelerate
+    requirement (it becomes the x packages the script imports); each use of
+    `DistributedType.TPU` gets a line on stderr with its fix.
 
     \b
     Examples:

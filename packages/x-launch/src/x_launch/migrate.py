@@ -9,7 +9,12 @@ one line per name. ``import accelerate`` becomes ``import x_runtime as accelerat
 accelerate.hooks as h`` becomes ``import x_bigmodel as h``.
 
 Only the source span of each import statement is replaced (found with ``ast``), so comments,
-blank lines and formatting elsewhere stay as they were. x-runtime need not be installed.
+blank lines and formatting elsewhere stay as they were. x-runtime need not be installed. Three
+helpers finish the job: ``migrate_merge`` joins the lines of one x module within a run of imports
+(``from accelerate import A`` and ``from accelerate.utils import B`` become one ``from x_runtime
+import A, B``), ``migrate_metadata`` turns ``accelerate`` in a PEP 723 ``# /// script`` block into
+the x distributions the script now imports, and ``migrate_flags`` finds uses of names Accelerate
+1.x removed (``DistributedType.TPU``), which ``migrate_file`` reports beside the kept names.
 
 Examples:
     >>> print(migrate_source("from accelerate import Accelerator, init_empty_weights  # setup\\n"), end="")
@@ -27,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from x_launch import x_names
+from x_launch.migrate_flags import Flag, removed_names
+from x_launch.migrate_merge import FromLine, Rewritten, merge_runs
+from x_launch.migrate_metadata import imported_modules, rewrite_script_metadata
 
 __all__ = ["Kept", "MigrateError", "migrate_file", "migrate_source", "migrate_with_notes"]
 
@@ -76,8 +84,8 @@ def _alias(alias: ast.alias) -> str:
     return alias.name if alias.asname is None else f"{alias.name} as {alias.asname}"
 
 
-def _rewrite(node: ast.Import | ast.ImportFrom, kept: list[Kept]) -> list[str] | None:
-    """The statements replacing ``node`` (without indentation), or ``None`` to keep it."""
+def _rewrite(node: ast.Import | ast.ImportFrom, kept: list[Kept]) -> Rewritten | None:
+    """The lines replacing ``node`` (without indentation), or ``None`` to keep it."""
     if isinstance(node, ast.ImportFrom):
         if node.level or not _is_accelerate(node.module):
             return None
@@ -90,10 +98,10 @@ def _rewrite(node: ast.Import | ast.ImportFrom, kept: list[Kept]) -> list[str] |
             groups.setdefault(target or module, []).append(_alias(alias))
         if list(groups) == [module]:
             return None  # nothing x has: the statement stays as written
-        return [f"from {target} import {', '.join(names)}" for target, names in groups.items()]
+        return [FromLine(target, names) for target, names in groups.items()]
     if not any(_is_accelerate(alias.name) for alias in node.names):
         return None
-    lines = []
+    lines: Rewritten = []
     for alias in node.names:
         if not _is_accelerate(alias.name):
             lines.append(f"import {_alias(alias)}")
@@ -128,24 +136,47 @@ def migrate_with_notes(source: str, filename: str = "<source>") -> tuple[str, li
     for line in lines:
         offsets.append(offsets[-1] + len(line.encode("utf-8")))
     data = source.encode("utf-8")
-    edits: list[tuple[int, int, bytes]] = []
     kept: list[Kept] = []
+    rewrites: dict[ast.stmt, Rewritten] = {}
     for node in ast.walk(tree):
-        if not isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        new = _rewrite(node, kept)
-        if new is None:
-            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            new = _rewrite(node, kept)
+            if new is not None:
+                rewrites[node] = new
+
+    def span(node: ast.stmt) -> tuple[int, int]:
         start = offsets[node.lineno - 1] + node.col_offset
-        end = offsets[int(node.end_lineno or node.lineno) - 1] + int(node.end_col_offset or 0)
+        return start, offsets[int(node.end_lineno or node.lineno) - 1] + int(node.end_col_offset or 0)
+
+    def alone(node: ast.stmt) -> bool:  # nothing but indentation before it, no code after it
+        start, end = span(node)
+        return not data[offsets[node.lineno - 1] : start].strip() and not _after_on_line(data, end)
+
+    merge_runs(tree, rewrites, alone)
+    edits: list[tuple[int, int, bytes]] = []
+    for node, new in rewrites.items():
+        start, end = span(node)
+        if not new:  # every line joined an earlier one: the statement goes, a comment on it stays
+            edits.append(_removal(data, offsets[node.lineno - 1], end, " " * node.col_offset))
+            continue
+        texts = [line.text() if isinstance(line, FromLine) else line for line in new]
         indent = " " * node.col_offset
-        text = new[0] + "".join(f"\n{indent}{line}" for line in new[1:])
+        text = texts[0] + "".join(f"\n{indent}{line}" for line in texts[1:])
         if "\n" in text and _after_on_line(data, end):
-            text = "; ".join(new)  # more code after it on the line: keep one line
+            text = "; ".join(texts)  # more code after it on the line: keep one line
         edits.append((start, end, text.encode("utf-8")))
     for start, end, replacement in sorted(edits, reverse=True):
         data = data[:start] + replacement + data[end:]
-    return data.decode("utf-8"), sorted(kept, key=lambda k: k.line)
+    migrated = data.decode("utf-8")
+    return rewrite_script_metadata(migrated, imported_modules(migrated)), sorted(kept, key=lambda k: k.line)
+
+
+def _removal(data: bytes, line_start: int, end: int, indent: str) -> tuple[int, int, bytes]:
+    """The edit deleting the statement ending at ``end`` and its line; its comment keeps a line."""
+    rest, newline, _ = data[end:].partition(b"\n")
+    comment = rest.strip()
+    stop = end + len(rest) + len(newline)
+    return line_start, stop, (indent.encode() + comment + newline) if comment else b""
 
 
 def _after_on_line(data: bytes, end: int) -> bool:
@@ -171,7 +202,8 @@ def _write_atomically(path: Path, text: str) -> None:
 
 def migrate_file(path: str | Path, *, write: bool = False) -> tuple[str, list[str]]:
     """The unified diff migrating ``path`` (empty when nothing changes) and one line per name left
-    imported from Accelerate; ``write``: also apply the diff.
+    imported from Accelerate or used though Accelerate 1.x removed it (``DistributedType.TPU``);
+    ``write``: also apply the diff.
 
     Raises:
         MigrateError: the file cannot be read or does not parse.
@@ -183,7 +215,9 @@ def migrate_file(path: str | Path, *, write: bool = False) -> tuple[str, list[st
     except (OSError, UnicodeDecodeError) as exc:
         raise MigrateError(f"{path}: cannot read: {exc}") from None
     after, kept = migrate_with_notes(before, str(path))
-    notes = [k.describe(str(path)) for k in kept]
+    # Names Accelerate 1.x removed are flagged, not rewritten: with the kept names, by line.
+    found: list[Kept | Flag] = [*kept, *removed_names(before)]
+    notes = [note.describe(str(path)) for note in sorted(found, key=lambda note: note.line)]
     if after == before:
         return "", notes
     diff = difflib.unified_diff(

@@ -16,6 +16,7 @@ through as well. ``_reset_state()`` exists and does nothing: there is no shared 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from types import MappingProxyType
@@ -206,12 +207,23 @@ class PartialState:
         process = self._process
         backend = f"  Backend: {process.backend}" if process.backend else ""
         return (
-            f"Distributed environment: {self.distributed_type}{backend}\n"
+            f"Distributed environment: {_as_accelerate_formats(self.distributed_type)}{backend}\n"
             f"Num processes: {process.world_size}\n"
             f"Process index: {process.rank}\n"
             f"Local process index: {process.local_rank}\n"
             f"Device: {process.device}\n"
         )
+
+
+def _as_accelerate_formats(distributed_type: str) -> str:
+    """``distributed_type`` as Accelerate's ``f"{state.distributed_type}"`` prints it.
+
+    Accelerate's ``DistributedType`` is a ``(str, Enum)``: Python 3.11 made ``format()`` of such
+    an enum follow its ``str()`` (``DistributedType.NO``), 3.10 gives the value (``NO``). x's
+    names are plain strings, so the text is spelled out here to read as Accelerate's does on the
+    same interpreter (scripts and logs compare it).
+    """
+    return f"DistributedType.{distributed_type}" if sys.version_info >= (3, 11) else distributed_type
 
 
 @contextlib.contextmanager

@@ -1,14 +1,25 @@
-"""TensorBoard: event files under ``logging_dir/run_name``, hyperparameters in the run"s own file."""
+"""TensorBoard: event files under ``logging_dir/run_name``, hyperparameters in the run's own file.
+
+``store_init_configuration`` also writes ``hparams.yml`` where Accelerate writes it (a folder
+named by ``time.time()`` inside the run folder, ``yaml.dump`` of the values as given), so tools
+that read Accelerate's runs back find it. The hparams event itself stays in the run's own event
+file (Accelerate's ``add_hparams`` makes a timestamped sub-run with no metrics, which TensorBoard's
+HPARAMS tab then shows apart from the run's scalars).
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from x_runtime.tracking.base import GeneralTracker, _scalar, _SkipWarnings
 
 __all__ = ["TensorBoardTracker"]
+
+_logger = logging.getLogger("x_runtime.tracking")
 
 
 class TensorBoardTracker(GeneralTracker):
@@ -51,7 +62,8 @@ class TensorBoardTracker(GeneralTracker):
         """Store ``values`` as the run's hyperparameters (TensorBoard's HPARAMS tab).
 
         Nested dicts are flattened to ``outer/inner`` keys; values other than bool, str, int and
-        float (None, lists, ...) are stored as their ``str``.
+        float (None, lists, ...) are stored as their ``str``. ``values`` as given are also written
+        to ``<run>/<time.time()>/hparams.yml`` with ``yaml.dump``, as Accelerate does.
 
         Args:
             values: Hyperparameter names and values.
@@ -73,6 +85,7 @@ class TensorBoardTracker(GeneralTracker):
             for summary in (experiment, session_start, session_end):
                 file_writer.add_summary(summary)
         self.writer.flush()
+        _write_hparams_yaml(self.logging_dir, values)
 
     def log(self, values: dict[str, Any], step: int | None = None, **kwargs: Any) -> None:
         """Write scalars, text and scalar groups, then flush so readers see them at once.
@@ -122,6 +135,23 @@ def _import_tensorboard() -> tuple[Any, Any]:
         except ImportError:
             raise ImportError("TensorBoard logging needs the tensorboard package: pip install tensorboard") from None
     return SummaryWriter, hparams
+
+
+def _write_hparams_yaml(run_dir: str, values: Mapping[str, Any]) -> None:
+    """``values`` to ``run_dir/<time.time()>/hparams.yml``: Accelerate's folder, name and text."""
+    try:
+        import yaml
+    except ImportError:  # the tensorboard extra brings pyyaml; tensorboard alone does not
+        _logger.warning("hparams.yml not written: it needs pyyaml (pip install pyyaml)")
+        return
+    folder = os.path.join(run_dir, str(time.time()))
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "hparams.yml"), "w", encoding="utf-8") as out:
+        try:
+            yaml.dump(values, out)
+        except yaml.representer.RepresenterError:
+            _logger.error("Serialization to store hyperparameters failed")
+            raise
 
 
 def _flatten_hparams(values: Mapping[str, Any], prefix: str = "") -> dict[str, bool | str | int | float]:
