@@ -82,6 +82,7 @@ def test_json_structure(bert_base, cli) -> None:
         "attn_implementation": None,
         "activation_checkpointing": False,
         "free_outputs": False,
+        "device": "cpu",  # the CPU's kernels unless --device cuda or --fits
     }
     assert [r["dtype"] for r in data["rows"]] == ["float32", "int8"]
     for row in data["rows"]:
@@ -113,6 +114,7 @@ def test_json_structure(bert_base, cli) -> None:
         "method",
         "activation_peak_bytes",
         "peak_bytes",
+        "reserved_bytes",
         "at_peak",
         "steady_bytes",
         "peak_phase",
@@ -120,6 +122,7 @@ def test_json_structure(bert_base, cli) -> None:
     }
     training = data["rows"][0]["training"]
     assert training["method"] == "simulate"
+    assert training["reserved_bytes"] is None  # a CUDA simulation's figure only
     assert set(training["at_peak"]) == {
         "weights", "gradients", "optimizer_state", "activations", "logits", "temporaries", "master", "gathered_layer"
     }  # fmt: skip

@@ -22,6 +22,7 @@ from x_estimate.training import OPTIMIZERS, PRECISIONS, SHARDS
 
 _SIZE_HELP = "a size such as 80GiB or 40GB"
 ATTENTIONS = ("eager", "sdpa")
+DEVICES = ("cpu", "cuda")
 
 
 class _Size(click.ParamType):
@@ -177,6 +178,12 @@ def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
     help="Simulate a loop that keeps only the loss (loss = model(**batch).loss); by default the "
     "model's outputs and logits stay alive through backward, as in outputs = model(**batch); loss = outputs.loss.",
 )
+@click.option(
+    "--device",
+    type=click.Choice(DEVICES),
+    help="Whose kernels the simulated step runs: cuda (flash/efficient attention, CUDA autocast, cuBLAS "
+    "workspaces, and the caching allocator's reserved memory) or cpu. Default: cuda with --fits, else cpu.",
+)
 @click.option("--fits", type=_Size(), help=f"Say which rows fit in this memory ({_SIZE_HELP}).")
 @click.option(
     "--token",
@@ -200,6 +207,7 @@ def _command(model: str, **kw: Any) -> None:
       x-estimate resnet50 --library_name timm
       x-estimate gpt2 --num-gpus 8 --shard zero3 --precision mixed-bf16 --json
       x-estimate ./my-model --seq-len 2048 --batch-size 4 --method formula
+      x-estimate ./my-model --seq-len 2048 --device cuda
 
     With --seq-len the Training column is a simulated training step (fake tensors, no data).
     Every dashed option also takes its underscore spelling (--seq_len, --batch_size, ...).
@@ -285,6 +293,7 @@ def _simulations(model: str, source: Any, options: Any, kw: dict[str, Any]) -> A
         checkpointing=options.activation_checkpointing,
         attn_implementation=options.attn_implementation,
         free_outputs=options.free_outputs,
+        device=options.device,
     )
 
 
@@ -324,6 +333,8 @@ def _run(model: str, **kw: Any) -> None:
         attn_implementation=kw["attn_implementation"],
         activation_checkpointing=kw["activation_checkpointing"],
         free_outputs=kw["free_outputs"],
+        # --fits asks whether a GPU holds the model: plan with the GPU's step unless told otherwise.
+        device=kw["device"] or ("cuda" if kw["fits"] is not None else "cpu"),
     )
     simulations = _cached_simulations(model, source, options, kw, summary_key) if simulate else None
     if kw["method"] == "simulate" and simulations is not None and simulations.reason:

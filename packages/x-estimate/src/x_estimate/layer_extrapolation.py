@@ -93,5 +93,17 @@ class ExtrapolatedStep:
         return max(maxima, key=lambda phase: maxima[phase][0])
 
     @property
+    def reserved(self) -> int | None:
+        """A CUDA simulation's reserved bytes: the extrapolated peak plus the allocator's overhead
+        over the peak (reserved - peak). An approximation, where the peak is exact: a growing
+        overhead is put on the line through the two- and three-block runs; a shrinking one (the
+        third block's tensors filled gaps the others left) is held at the three-block value, since
+        the gaps a repeated block can fill do not keep shrinking: on a line it would soon vanish."""
+        if self.two.reserved is None or self.three.reserved is None:
+            return None
+        two, three = self.two.reserved - self.two.peak, self.three.reserved - self.three.peak
+        return self.peak + (self._line(two, three) if three >= two else three)
+
+    @property
     def activation_peak(self) -> int:
         return self._line(self.two.activation_peak, self.three.activation_peak)

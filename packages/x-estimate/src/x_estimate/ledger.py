@@ -46,8 +46,9 @@ class Ledger(TorchDispatchMode):
         (8192, 4096)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, block: int = 1) -> None:
         super().__init__()
+        self.block = block  # CUDA's allocator hands out multiples of 512 bytes: a storage costs that
         self.phase = "setup"  # the step sets this as it goes: forward, backward, optimizer...
         self.live = 0
         self.peak = 0
@@ -98,6 +99,7 @@ class Ledger(TorchDispatchMode):
         if sid in self._refs:
             return
         nbytes = storage.nbytes()
+        nbytes = -(-nbytes // self.block) * self.block if nbytes else 0
         key = self._next_key
         self._next_key += 1
         alloc = Allocation(key, nbytes, phase, tuple(tensor.shape))

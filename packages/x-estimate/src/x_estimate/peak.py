@@ -45,12 +45,14 @@ class PeakFigures:
     phase: str | None = None
     notes: list[str] = field(default_factory=list)
     activations: int = 0  # the most activation (and logits) bytes the step holds at once
+    reserved: int | None = None  # a CUDA simulation: the caching allocator's segments (see caching_allocator.py)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,
             "activation_peak_bytes": self.activations,
             "peak_bytes": self.peak,
+            "reserved_bytes": self.reserved,
             "at_peak": dict(self.at_peak),
             "steady_bytes": self.steady,
             "peak_phase": self.phase,
@@ -63,8 +65,9 @@ def simulated_peak(step: Any, training: TrainingMemory, *, gathered_weight_bytes
     n = training.num_devices
     if training.shard == "none" or n == 1:
         at_peak = {**step.at_peak, "master": 0, "gathered_layer": 0}
+        reserved = getattr(step, "reserved", None)
         return PeakFigures(
-            "simulate", step.peak, at_peak, step.steady, step.phase, list(step.notes), step.activation_peak
+            "simulate", step.peak, at_peak, step.steady, step.phase, list(step.notes), step.activation_peak, reserved
         )
     divisors = shard_divisors(training.shard, n)
     extra = gathered_weight_bytes if training.shard in ("zero3", "fsdp") else 0

@@ -38,6 +38,7 @@ class Options:
     attn_implementation: str | None = None
     activation_checkpointing: bool = False
     free_outputs: bool = False  # the simulated loop drops the model's outputs before backward
+    device: str = "cpu"  # whose kernels the simulated step runs: "cpu", or "cuda" (with reserved figures)
 
 
 @dataclass
@@ -97,6 +98,7 @@ class Report:
                 "attn_implementation": opts.attn_implementation,
                 "activation_checkpointing": opts.activation_checkpointing,
                 "free_outputs": opts.free_outputs,
+                "device": opts.device,
             },
             "rows": [
                 {
@@ -127,6 +129,9 @@ class Report:
             headers[-1] = f"{what}, per device, {opts.shard} over {opts.num_gpus})"
         elif opts.num_gpus > 1:
             headers[-1] = f"{what}, per device, data parallel over {opts.num_gpus})"
+        reserved = any(r.peak is not None and r.peak.reserved is not None for r in self.rows)
+        if reserved:  # the CUDA simulation's second figure: what the caching allocator holds
+            headers.append("Reserved (CUDA)")
         if opts.seq_len is not None:
             # A simulated step has one activation figure, for the checkpointing it ran with.
             act = "Activations max (ckpt)" if opts.activation_checkpointing else "Activations max"
@@ -142,6 +147,8 @@ class Report:
                 cells.append(format_size(r.peak.peak))
             else:
                 cells.append(format_size(r.training.total))
+            if reserved:
+                cells.append(_opt_size(r.peak.reserved if r.peak is not None else None))
             if opts.seq_len is not None:
                 if simulated:
                     sim = r.peak if r.peak is not None and r.peak.method == "simulate" else None
@@ -177,10 +184,12 @@ def _fits(row: Row, budget: int | None) -> dict[str, bool | None]:
     if budget is None:
         return {"inference": None, "training": None, "training_checkpointed": None}
     if row.peak is not None and row.peak.method == "simulate":
-        # One simulated step, with the checkpointing it ran with: no other figure to offer.
+        # One simulated step, with the checkpointing it ran with: no other figure to offer. On
+        # CUDA a step fails when the allocator cannot reserve a segment: reserved is what must fit.
+        need = row.peak.reserved if row.peak.reserved is not None else row.peak.peak
         return {
             "inference": row.inference_total() <= budget,
-            "training": row.peak.peak <= budget,
+            "training": need <= budget,
             "training_checkpointed": None,
         }
     train, ckpt = row.training_total(), row.training_total(checkpointing=True)

@@ -14,8 +14,10 @@ tensor whose last dimension is the vocabulary: the logits, their float copy in t
 gradient), activations (other tensors the forward allocated, kept for backward) and temporaries
 (the rest: backward's and the optimizer step's intermediates).
 
-The fake device is the CPU, so kernels are the ones the CPU picks (SDPA's CPU flash kernel,
-AdamW's per-tensor loop): a CUDA run can differ by a few percent (see docs/estimate.md).
+With ``device="cpu"`` (the default) the kernels are the ones the CPU picks (SDPA's CPU flash
+kernel, AdamW's per-tensor loop). ``device="cuda"`` simulates the step a GPU runs
+(``cuda_step.py``): CUDA's attention and dropout kernels, AdamW's multi-tensor path, cuBLAS
+workspaces, 512-byte blocks, and the caching allocator's reserved segments.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class SimulatedStep:
     phase: str  # what the step was doing at the peak: forward, backward, optimizer
     notes: list[str] = field(default_factory=list)
     curve: list[tuple[int, int, str]] = field(default_factory=list, repr=False)  # (PARTS index, +/- bytes, phase)
+    reserved: int | None = None  # device="cuda": the caching allocator's segments after a second step
 
     @property
     def activation_peak(self) -> int:
@@ -125,11 +128,14 @@ def _restore(slots: _Slots) -> None:
         table[name] = original
 
 
-def _make_optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def _make_optimizer(name: str, params: list[torch.nn.Parameter], device: str = "cpu") -> torch.optim.Optimizer:
+    # On CUDA tensors torch defaults to the multi-tensor (foreach) step, whose temporaries span
+    # every parameter at once; on CPU tensors to the per-tensor loop.
+    foreach = device == "cuda"
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4)
+        return torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
     if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+        return torch.optim.SGD(params, lr=1e-4, momentum=0.9, foreach=foreach)
     if name == "adafactor":
         from transformers.optimization import Adafactor
 
@@ -158,6 +164,7 @@ def simulate_training(
     attn_implementation: str | None = None,
     free_outputs: bool = False,
     extrapolate: bool = True,
+    device: str = "cpu",
 ) -> Any:
     """Simulate a training step of ``model`` (built on the meta device) on fake tensors.
 
@@ -169,7 +176,8 @@ def simulate_training(
     The step is the loop users write, ``outputs = model(**batch); loss = outputs.loss;
     loss.backward(); optimizer.step()``: ``outputs`` (its logits) stays alive through backward and
     the optimizer step. ``free_outputs`` models ``loss = model(**batch).loss`` instead, where
-    only the loss survives the forward.
+    only the loss survives the forward. ``device``: "cpu" (the CPU's kernels) or "cuda" (the
+    kernels and allocator of a CUDA GPU, sm80 or later; see ``cuda_step.py``).
 
     Raises:
         SimulationError: the model's step cannot run on fake tensors (a data-dependent op, an
@@ -178,6 +186,7 @@ def simulate_training(
     kwargs = dict(
         precision=precision, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len,
         checkpointing=checkpointing, attn_implementation=attn_implementation, free_outputs=free_outputs,
+        device=device,
     )  # fmt: skip
     with _quiet():
         return _simulate(model, config, extrapolate, kwargs)
@@ -232,29 +241,42 @@ def _simulate_whole(
     checkpointing: bool,
     attn_implementation: str | None,
     free_outputs: bool,
+    device: str,
 ) -> SimulatedStep:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from x_estimate.cuda_step import CudaStep
+
     if precision not in _WEIGHTS:
         raise ValueError(f"unknown precision {precision!r}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: cpu or cuda")
     _set_attention(model, config, attn_implementation)
     keys: dict[str, set[int]] = {"weights": set(), "gradients": set(), "optimizer_state": set()}
     slots: _Slots = []
+    cuda = CudaStep(enabled=device == "cuda")
     try:
-        with FakeTensorMode(allow_non_fake_inputs=False), FakeKernels(), Ledger() as ledger:
+        with (
+            FakeTensorMode(allow_non_fake_inputs=False),
+            FakeKernels(),
+            cuda.kernels(),
+            Ledger(block=cuda.block) as ledger,
+        ):
             slots = _materialize(model, _WEIGHTS[precision])
             ledger.track([*model.parameters(), *model.buffers()], "weights")
             keys["weights"] = {a.key for a in ledger.alive()}
+            cuda.allocate_workspaces(ledger)
             model.train()
             if checkpointing:
                 _enable_checkpointing(model)
             inputs: StepInputs = step_inputs(model, config, batch_size=batch_size, seq_len=seq_len)
             params = [p for p in model.parameters() if p.requires_grad]
-            opt = _make_optimizer(optimizer, params)
+            opt = _make_optimizer(optimizer, params, device)
             _prime(opt, params, ledger, keys)
             _one_step(model, opt, params, inputs, precision, ledger, keys, free_outputs)
             # Snapshot now: restoring the meta tensors below frees fake ones, which the ledger still sees.
             steady, events, peak_allocs = ledger.live, ledger.events(), ledger.at_peak()
+            cuda.release_workspaces()
     except SimulationError:
         raise
     except Exception as exc:
@@ -276,7 +298,9 @@ def _simulate_whole(
     at_peak = dict.fromkeys(PARTS, 0)
     for alloc in peak_allocs:
         at_peak[_categorize(alloc, keys, vocab)] += alloc.nbytes
-    return SimulatedStep(ledger.peak, at_peak, steady, _phase_at(peak_allocs), list(inputs.notes), curve)
+    notes = [*inputs.notes, *cuda.notes()]
+    reserved = cuda.reserved(events)
+    return SimulatedStep(ledger.peak, at_peak, steady, _phase_at(peak_allocs), notes, curve, reserved)
 
 
 def _prime(

@@ -44,6 +44,7 @@ def run_simulations(
     checkpointing: bool,
     attn_implementation: str | None,
     free_outputs: bool = False,
+    device: str = "cpu",
 ) -> Simulations:
     """Simulate one step per distinct precision; ``build()`` returns the meta ``Skeleton``.
 
@@ -75,6 +76,7 @@ def run_simulations(
                     checkpointing=checkpointing,
                     attn_implementation=attn_implementation,
                     free_outputs=free_outputs,
+                    device=device,
                 )
             except SimulationError as exc:
                 return Simulations(reason=str(exc))

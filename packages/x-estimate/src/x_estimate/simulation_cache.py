@@ -23,7 +23,7 @@ from x_estimate.simulated_rows import Simulations
 
 __all__ = ["CachedStep", "load_simulations", "save_simulations", "simulation_key"]
 
-FORMAT = 2  # 2: the step keeps the model's outputs alive through backward unless free_outputs
+FORMAT = 3  # 2: the step keeps the model's outputs alive through backward unless free_outputs; 3: device
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class CachedStep:
     activation_peak: int
     sharded_figures: list[Any]  # [peak, parts, steady] under the key's sharding, before extra weights
     notes: list[str] = field(default_factory=list)
+    reserved: int | None = None
 
     def sharded(self, divisors: dict[str, int], extra_weights: int = 0) -> tuple[int, dict[str, int], int]:
         peak, parts, steady = self.sharded_figures
@@ -61,6 +62,7 @@ def simulation_key(summary_key: str, options: Any, precisions: list[str]) -> str
                 "activation_checkpointing",
                 "attn_implementation",
                 "free_outputs",
+                "device",
             )
         },
         "divisors": shard_divisors(options.shard, options.num_gpus),
@@ -89,6 +91,7 @@ def save_simulations(key: str, simulations: Simulations, options: Any) -> None:
             "activation_peak": step.activation_peak,
             "sharded_figures": list(step.sharded(divisors)),
             "notes": list(step.notes),
+            "reserved": getattr(step, "reserved", None),
         }
     path = _path(key)
     with contextlib.suppress(OSError):

@@ -71,8 +71,17 @@ def training_notes(options: Any, rows: list[Any], simulations: Any) -> list[str]
                 f"{options.num_gpus} devices (zero1 optimizer state, zero2 also gradients, zero3/fsdp also "
                 "weights plus one gathered unit); communication buffers are not counted."
             )
+        if getattr(options, "device", "cpu") == "cuda":
+            notes.append(
+                "Device: the step a CUDA GPU (sm80+) runs: SDPA's flash / memory-efficient / math choice, CUDA "
+                "autocast's casts, native dropout, AdamW's foreach step, cuBLAS workspaces, 512-byte blocks. "
+                "Reserved (CUDA): the caching allocator's segments after a second step, from a model of the "
+                "allocator (rounding, 2 MiB / 20 MiB segments, best fit, splits); --fits compares it"
+                + ("; not given per device under sharding" if options.shard != "none" and options.num_gpus > 1 else "")
+                + "."
+            )
         for note in dict.fromkeys(n for r in simulated for n in r.peak.notes):
-            notes.append(f"Simulated inputs: {note}.")
+            notes.append(f"Simulated step: {note}.")
     if simulations is not None and simulations.reason:
         notes.append(f"Training: formulas, because the step could not be simulated: {simulations.reason}.")
     return notes
