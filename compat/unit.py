@@ -61,7 +61,7 @@ FILES = (
 )
 # Scaffolding of Accelerate's tests, kept in the x run (see the module docstring).
 SCAFFOLDING = ("accelerate.test_utils",)
-KINDS = ("private", "differs", "gap")
+KINDS = ("private", "differs", "gap", "unsteady")  # unsteady: passes or fails with the machine's load, either side
 MISSING_HELPER = '''"""Stand-ins for Accelerate names x does not have: any use fails, naming the name."""
 
 
@@ -238,14 +238,12 @@ def compare(
     for test in sorted(theirs):
         counts = table.setdefault(test.split("::")[0], Counter())
         if theirs[test].status != "passed":
-            if test in gaps:
-                stale.append(f"{test}: listed, but Accelerate does not pass it here ({theirs[test].status})")
-            continue
+            continue  # a listed one: see unsettled()
         counts["accelerate"] += 1
         mine = ours.get(test, Outcome("failed", "not collected on x"))
         if mine.status == "passed":
             counts["x"] += 1
-            if test in gaps:
+            if test in gaps and gaps[test][0] != "unsteady":
                 stale.append(f"{test}: listed as {gaps[test][0]}, but x passes it now: take its line out")
         elif test in gaps:
             counts[gaps[test][0]] += 1
@@ -254,11 +252,27 @@ def compare(
     return unlisted, stale, table
 
 
+def unsettled(theirs: dict[str, Outcome], gaps: dict[str, tuple[str, str]]) -> list[str]:
+    """Listed tests Accelerate did not pass in this run: said, not failed on.
+
+    Some of Accelerate's own tests are unsteady on a loaded 2-core machine (test_free_memory_
+    dereferences_prepared_components counts live objects: 22261 against its bound of 22045 + 50
+    once), and whether Accelerate passes is not x's to fix; a line Accelerate never passes again
+    shows up here run after run, for a person to take out.
+    """
+    return [
+        f"{test}: listed, but Accelerate does not pass it here ({theirs[test].status}); take the line out if it stays so"
+        for test in sorted(theirs)
+        if test in gaps and theirs[test].status != "passed"
+    ]
+
+
 def write_gaps(theirs: dict[str, Outcome], ours: dict[str, Outcome], old: dict[str, tuple[str, str]]) -> None:
     rows = []
     for test in sorted(theirs):
         mine = ours.get(test, Outcome("failed", "not collected on x"))
-        if theirs[test].status != "passed" or mine.status == "passed":
+        unsteady = old.get(test, ("", ""))[0] == "unsteady"
+        if theirs[test].status != "passed" or (mine.status == "passed" and not unsteady):
             continue
         kind, reason = old.get(test, ("gap", _reason(mine.message)))
         if kind == "gap" and reason.startswith("missing name: "):
@@ -300,8 +314,11 @@ def main(argv: list[str] | None = None) -> int:
         write_gaps(theirs, ours, gaps)
         gaps = read_gaps()
     unlisted, stale, table = compare(theirs, ours, gaps)
-    print("\n| file | Accelerate passes | x passes | listed: private | listed: differs | listed: gap |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| file | Accelerate passes | x passes | listed: private | listed: differs | listed: gap "
+        "| listed: unsteady, failed this run |"
+    )
+    print("|---|---|---|---|---|---|---|")
     totals: Counter[str] = Counter()
     for file, counts in sorted(table.items()):
         totals.update(counts)
@@ -309,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {file} | {' | '.join(map(str, row))} |")
     print(f"| all | {' | '.join(str(totals[k]) for k in ('accelerate', 'x', *KINDS))} |")
     print(f"\ncompat-unit: {len(theirs)} tests, both sides in {time.monotonic() - started:.0f} s")
+    for line in unsettled(theirs, gaps):
+        print(f"compat-unit: note: {line}")
     for line in stale:
         print(f"compat-unit: stale: {line}")
     for line in unlisted:

@@ -271,12 +271,15 @@ def test_slurm_job_signalled_with_usr1_requeues_and_resumes_exactly(
 def test_slurm_signal_before_the_time_limit_requeues_and_resumes_exactly(
     tmp_path: Path, launch_env, reference, fast_requeue
 ) -> None:
-    """``#SBATCH --time=1 --signal=USR1@50``: USR1 10 to 40 s in (SLURM checks time limits every 30 s;
-    x-launch holds a USR1 that lands while it starts, the unit tests show that). The first run is
-    slow and stops for it; the requeued one (not preemptible, fast) finishes, and a USR1 reaching it
-    then is said and requeues nothing."""
+    """``#SBATCH --time=2 --signal=USR1@60``: USR1 30 to 60 s in. slurmctld checks time limits every
+    30 s and sends the signal at the first check once fewer than warn time + 30 s are left, so
+    ``--time=1 --signal=USR1@50`` could land in the job's first second, before srun had started
+    x-launch's interpreter (seen twice: "srun exited 138" the second the job started; a signal
+    that lands later while x-launch starts is held, the unit tests show that). The first run is
+    slow (5 s a step: 16 steps outlast the signal) and stops for it; the requeued one (not
+    preemptible, fast) finishes, and a USR1 reaching it then is said and requeues nothing."""
     environ = {**launch_env(tmp_path), "PYTHONUNBUFFERED": "1"}
-    job_id = _submit(tmp_path, environ, sbatch="--time=1 --signal=USR1@50", first="--preemptible --pace 4")
+    job_id = _submit(tmp_path, environ, sbatch="--time=2 --signal=USR1@60", first="--preemptible --pace 5")
     try:
         _wait_done(tmp_path, job_id, time.monotonic() + TIMEOUT)
     finally:

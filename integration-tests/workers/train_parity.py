@@ -4,7 +4,8 @@
 
 Every run sees the same global batches in the same order: ``split_batches=True`` cuts each batch
 of 48 samples (divisible by 1, 2 and 3) between the processes, the shuffle order comes from the
-prepared loader's seeded sampler, and DDP averages the per-rank mean losses' gradients, which is
+prepared loader's seedable sampler (``use_seedable_sampler=True``: by default the draws are
+Accelerate's, whose order depends on the number of processes), and DDP averages the per-rank mean losses' gradients, which is
 the gradient of the mean over the whole batch. No dropout, no other randomness after the
 initialisation. Rank 0 writes the final weights (``weights.<name>``) and the sample order of
 every step (``order``: the dataset indices of each global batch, gathered from every rank).
@@ -18,7 +19,7 @@ import sys
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from x_runtime import Accelerator, set_seed
+from x_runtime import Accelerator, DataLoaderConfiguration, set_seed
 
 GLOBAL_BATCH = 48
 SAMPLES = 10 * GLOBAL_BATCH
@@ -30,7 +31,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=4)
     args = parser.parse_args()
 
-    accelerator = Accelerator(split_batches=True)
+    accelerator = Accelerator(split_batches=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
     # One write per line: the ranks share stdout, and print() writes the end of line separately.
     sys.stdout.write(f"rank {accelerator.process_index}: world size {accelerator.num_processes}\n")
     sys.stdout.flush()

@@ -93,3 +93,43 @@ def test_extract_submodules_state_dict_matches_whole_names() -> None:
     state = {"a.1.w": 0, "a.10.w": 1, "a.2": 2, "b": 3}
     assert extract_submodules_state_dict(state, ["a.1", "a.2"]) == {"a.1.w": 0, "a.2": 2}
     assert extract_submodules_state_dict(state, []) == {}
+
+
+def test_a_folder_that_is_checkpoint_and_offload_folder_loads_the_checkpoint(tmp_path: Path) -> None:
+    """A torch .bin checkpoint offloaded into its own folder: the offload writes its weights as
+    ``pytorch_model.safetensors`` beside ``pytorch_model.bin``; loading the folder again must read
+    the checkpoint, not the offload's few weights (it failed "7 tensors that the checkpoint lacks")."""
+    from x_bigmodel import load_checkpoint_and_dispatch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 5)).eval()
+    inputs = torch.randn(3, 3)
+    expected = model(inputs)
+    torch.save(model.state_dict(), tmp_path / "pytorch_model.bin")
+    load_checkpoint_and_dispatch(
+        model, tmp_path, device_map={"0": "cpu", "1": "disk", "2": "cpu"}, offload_folder=tmp_path
+    )
+    assert (tmp_path / "pytorch_model.safetensors").is_file()  # the offload's storage, listed in index.json
+    assert torch.allclose(model(inputs), expected)
+    fresh = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 5)).eval()
+    load_checkpoint_and_dispatch(fresh, tmp_path)
+    assert torch.equal(fresh(inputs), expected)
+
+
+def test_a_safetensors_checkpoint_offloaded_in_place_still_loads_from_its_folder(tmp_path: Path) -> None:
+    """The offload of a safetensors checkpoint reads it in place: index.json names the checkpoint."""
+    from safetensors.torch import save_file
+
+    from x_bigmodel import load_checkpoint_and_dispatch
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 5)).eval()
+    inputs = torch.randn(3, 3)
+    expected = model(inputs)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    load_checkpoint_and_dispatch(
+        model, tmp_path, device_map={"0": "cpu", "1": "disk", "2": "cpu"}, offload_folder=tmp_path
+    )
+    fresh = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 5)).eval()
+    load_checkpoint_and_dispatch(fresh, tmp_path)
+    assert torch.equal(fresh(inputs), expected)

@@ -54,6 +54,18 @@ FOREIGN_NAMES = {
     "XDG_CACHE_HOME",
     "XDG_CONFIG_HOME",
     "HF_HOME",
+    # Accelerate's ParallelismConfig
+    "PARALLELISM_CONFIG_DP_REPLICATE_SIZE",
+    "PARALLELISM_CONFIG_DP_SHARD_SIZE",
+    "PARALLELISM_CONFIG_TP_SIZE",
+    "PARALLELISM_CONFIG_CP_SIZE",
+    "PARALLELISM_CONFIG_CP_BACKEND",
+    "PARALLELISM_CONFIG_SP_SIZE",
+    "PARALLELISM_CONFIG_SP_BACKEND",
+    "PARALLELISM_CONFIG_CP_COMM_STRATEGY",
+    "PARALLELISM_CONFIG_SP_SEQ_LENGTH",
+    "PARALLELISM_CONFIG_SP_SEQ_LENGTH_IS_VARIABLE",
+    "PARALLELISM_CONFIG_SP_ATTN_IMPLEMENTATION",
 }
 
 
@@ -66,7 +78,7 @@ def module_env_vars() -> dict[str, EnvVar]:
 
 def test_contract_names_are_prefixed_and_unique() -> None:
     names = [var.name for var in CONTRACT]
-    assert len(names) == 39  # + X_FAILURE_REPORT, X_TORCH_DEVICE
+    assert len(names) == 40  # + X_FAILURE_REPORT, X_TORCH_DEVICE, X_PROGRESS_DIR
     assert len(set(names)) == len(names)
     for name in names:
         assert re.fullmatch(r"X_[A-Z][A-Z0-9_]*", name), name

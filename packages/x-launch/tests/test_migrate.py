@@ -93,14 +93,14 @@ def test_a_file_that_does_not_parse_is_one_line_exit_2_and_nothing_is_written(ca
 def test_each_name_goes_to_the_package_that_exports_it_and_one_x_lacks_stays(capsys, tmp_path: Path) -> None:
     text = (
         "from accelerate.utils import set_module_tensor_to_device, set_seed, x_lacks_this_name\n"
-        "from accelerate.hooks import CpuOffload, LayerwiseCastingHook as Casting\n"
+        "from accelerate.hooks import CpuOffload, attach_execution_device_hook as attach\n"
         "from accelerate.utils import some_helper_x_lacks\n"
     )
     assert migrate_source(text) == (
         "from x_bigmodel import set_module_tensor_to_device, CpuOffload\n"  # the hooks' line joined it
         "from x_runtime import set_seed\n"
         "from accelerate.utils import x_lacks_this_name\n"
-        "from accelerate.hooks import LayerwiseCastingHook as Casting\n"
+        "from accelerate.hooks import attach_execution_device_hook as attach\n"
         "from accelerate.utils import some_helper_x_lacks\n"  # nothing to change: the line stays whole
     )
     path = tmp_path / "train.py"
@@ -109,6 +109,6 @@ def test_each_name_goes_to_the_package_that_exports_it_and_one_x_lacks_stays(cap
     assert code == 0 and "+from x_bigmodel import set_module_tensor_to_device, CpuOffload\n" in out
     assert err.splitlines() == [
         f"x-launch migrate: {path}:1: x has no accelerate.utils.x_lacks_this_name; its import from Accelerate stays",
-        f"x-launch migrate: {path}:2: x has no accelerate.hooks.LayerwiseCastingHook; its import from Accelerate stays",
+        f"x-launch migrate: {path}:2: x has no accelerate.hooks.attach_execution_device_hook; its import from Accelerate stays",
         f"x-launch migrate: {path}:3: x has no accelerate.utils.some_helper_x_lacks; its import from Accelerate stays",
     ]

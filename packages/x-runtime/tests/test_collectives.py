@@ -373,16 +373,16 @@ def test_broadcast_from_rank_1_in_place(reports, world) -> None:
 
 
 def test_prepare_shares_the_shuffle_seed_in_one_tensor_broadcast(inline_worker, workers) -> None:
-    """No data_seed: rank 0's draw reaches every rank in one int64 broadcast, nothing pickled; the
+    """The seedable sampler without data_seed: rank 0's draw reaches every rank in one int64 broadcast, nothing pickled; the
     broadcast is started by ``prepare`` and read on first use, so a collective the script makes in
     between still gets its own data, and a pickled or copied pending value is the number."""
     script = inline_worker(
         """
         import torch, torch.distributed as dist
         from _helpers import report
-        from x_runtime import Accelerator
+        from x_runtime import Accelerator, DataLoaderConfiguration
         from x_runtime.process.collectives import broadcast_int
-        accelerator = Accelerator(cpu=True)
+        accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
         rank = accelerator.process_index
         torch.manual_seed(100 + rank)  # the ranks' draws differ: only the broadcast can make them agree
         calls = []

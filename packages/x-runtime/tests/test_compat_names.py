@@ -245,3 +245,22 @@ def test_extract_model_from_parallel_removes_wrappers_and_optionally_the_fp32_fo
     assert isinstance(parent[0], torch.nn.Linear)
     extract_model_from_parallel(prepared, keep_fp32_wrapper=False)
     assert "forward" not in inner.__dict__
+
+
+def test_accelerates_private_lists_of_prepared_objects_are_read_as_trainer_reads_them() -> None:
+    """transformers' Trainer checks ``len(accelerator._models)``; Accelerate's tests pickle an
+    accelerator and read its loaders back through ``_dataloaders``."""
+    import pickle
+
+    accelerator = Accelerator(cpu=True)
+    assert (accelerator._models, accelerator._optimizers, accelerator._dataloaders) == ([], [], [])
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(10)))
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    assert accelerator._models == [model] and accelerator._optimizers == [optimizer]
+    assert accelerator._dataloaders == [loader] and accelerator._schedulers == []
+    copy = pickle.loads(pickle.dumps(accelerator))
+    assert [batch[0].tolist() for batch in copy._dataloaders[0]] == [[i] for i in range(10)]
+    accelerator.free_memory()
+    assert (accelerator._models, accelerator._optimizers, accelerator._dataloaders) == ([], [], [])

@@ -148,7 +148,7 @@ def test_even_batches_pad_from_the_start_and_remainder_cuts_the_padding(ranks) -
 
 def test_shuffle_is_one_permutation_on_every_rank_equal_to_one_process(ranks) -> None:
     torch.manual_seed(1234)
-    single = prepare_data_loader(DataLoader(Indexed(10), batch_size=2, shuffle=True))
+    single = prepare_data_loader(DataLoader(Indexed(10), batch_size=2, shuffle=True), use_seedable_sampler=True)
     orders = [flat(single), flat(single)]
     assert orders[0] != orders[1] and sorted(orders[1]) == list(range(10))
 
@@ -292,7 +292,11 @@ def test_nested_iterable_batches_pad_every_field() -> None:
 
 def test_attributes_describe_the_share_of_this_process() -> None:
     loader = prepare_data_loader(
-        DataLoader(Indexed(12), batch_size=6, shuffle=True), num_processes=3, process_index=1, split_batches=True
+        DataLoader(Indexed(12), batch_size=6, shuffle=True),
+        num_processes=3,
+        process_index=1,
+        split_batches=True,
+        use_seedable_sampler=True,
     )
     assert isinstance(loader, DataLoaderShard) and isinstance(loader, DataLoader)
     assert (loader.batch_size, loader.total_batch_size, len(loader)) == (2, 6, 2)
@@ -318,7 +322,11 @@ def test_device_moves_batches() -> None:
 
 def test_seed_comes_from_data_seed_or_the_global_rng_once() -> None:
     def order(**kwargs) -> list[int]:
-        return flat(prepare_data_loader(DataLoader(Indexed(20), batch_size=4, shuffle=True), **kwargs))
+        return flat(
+            prepare_data_loader(
+                DataLoader(Indexed(20), batch_size=4, shuffle=True), **kwargs, use_seedable_sampler=True
+            )
+        )
 
     assert order(data_seed=3) == order(data_seed=3) != order(data_seed=4)
     torch.manual_seed(5)
@@ -343,6 +351,7 @@ def test_workers_load_the_same_batches() -> None:
             num_processes=2,
             process_index=1,
             data_seed=11,
+            use_seedable_sampler=True,
         )
 
     reference = make(0)
@@ -363,7 +372,9 @@ def test_workers_load_the_same_batches() -> None:
 
 
 def test_state_dict_is_json_and_tracks_the_position() -> None:
-    loader = prepare_data_loader(DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=1)
+    loader = prepare_data_loader(
+        DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=1, use_seedable_sampler=True
+    )
     assert loader.state_dict() == {"epoch": 0, "seed": 1, "batches_yielded": 0, "num_processes": 1, "stream_batches": 0}
     for index, _ in enumerate(loader):
         if index == 2:
@@ -376,8 +387,12 @@ def test_state_dict_is_json_and_tracks_the_position() -> None:
 
 
 def test_skip_first_batches_shares_the_epoch_and_stacks() -> None:
-    loader = prepare_data_loader(DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=2)
-    reference = prepare_data_loader(DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=2)
+    loader = prepare_data_loader(
+        DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=2, use_seedable_sampler=True
+    )
+    reference = prepare_data_loader(
+        DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=2, use_seedable_sampler=True
+    )
     epochs = [values(reference), values(reference)]
     skipped = skip_first_batches(loader, 1)
     assert isinstance(skipped, DataLoaderShard) and len(skipped) == 4
@@ -385,7 +400,9 @@ def test_skip_first_batches_shares_the_epoch_and_stacks() -> None:
     assert values(twice) == epochs[0][3:] and twice.state_dict()["batches_yielded"] == 0
     assert loader.epoch == 1 and values(loader) == epochs[1]
 
-    restored = prepare_data_loader(DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=9)
+    restored = prepare_data_loader(
+        DataLoader(Indexed(10), batch_size=2, shuffle=True), data_seed=9, use_seedable_sampler=True
+    )
     restored.load_state_dict({"epoch": 0, "seed": 2, "batches_yielded": 4})
     rest = skip_first_batches(restored, 4)
     assert rest.state_dict()["seed"] == 2
@@ -413,7 +430,9 @@ def test_set_epoch_reaches_sampler_and_dataset() -> None:
     loader.set_epoch(5)
     list(loader)
     assert stream.epochs == [5, 5] and loader.epoch == 6
-    shuffled = prepare_data_loader(DataLoader(Indexed(6), batch_size=2, shuffle=True), data_seed=0)
+    shuffled = prepare_data_loader(
+        DataLoader(Indexed(6), batch_size=2, shuffle=True), data_seed=0, use_seedable_sampler=True
+    )
     shuffled.set_epoch(3)
     assert shuffled.sampler.epoch == 3
 

@@ -29,6 +29,9 @@ def _world(samples: int, world: int, batch: int, *, shuffle: bool, drop_last: bo
             process_index=rank,
             split_batches=split,
             data_seed=SEED,
+            # The ranks here share one process, so nothing synchronises a default sampler's draw
+            # between them; integration-tests/test_elastic.py resumes the default at a new world size.
+            use_seedable_sampler=True,
         )
         for rank in range(world)
     ]

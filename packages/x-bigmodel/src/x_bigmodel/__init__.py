@@ -34,6 +34,11 @@ from x_bigmodel.dispatch.hooks import (
     remove_hook_from_module,
     remove_hook_from_submodules,
 )
+from x_bigmodel.dispatch.layerwise_casting import (
+    SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
+    LayerwiseCastingHook,
+    attach_layerwise_casting_hooks,
+)
 from x_bigmodel.dispatch.offload_hook import CpuOffload, UserCpuOffloadHook
 from x_bigmodel.loading.checkpoint import load_checkpoint_in_model, set_module_tensor_to_device
 from x_bigmodel.loading.state_dict import load_state_dict
@@ -68,9 +73,11 @@ from x_bigmodel.planning.empty_weights import init_empty_weights, init_on_device
 from x_bigmodel.transformers.pretrained import from_pretrained
 
 __all__ = [
+    "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING",
     "AlignDevicesHook",
     "CpuOffload",
     "DevicePlan",
+    "LayerwiseCastingHook",
     "ModelHook",
     "OffloadedWeightsLoader",
     "PrefixedDataset",
@@ -80,6 +87,7 @@ __all__ = [
     "add_hook_to_module",
     "align_module_device",
     "attach_align_device_hook",
+    "attach_layerwise_casting_hooks",
     "check_device_map",
     "clean_device_map",
     "compute_module_sizes",

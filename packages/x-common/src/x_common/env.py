@@ -28,12 +28,11 @@ when no ``X_*`` variable is set (``X_*`` wins):
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
+from x_common.env_var import EnvVar, Fallback
 from x_common.kinds import TRUE_WORDS, Bool, Choice, Float, Int, Kind, Numbered, Str, StrList
 
 PREFIX = "X_"
@@ -48,102 +47,6 @@ FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP
 FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT")
 FSDP_BACKWARD_PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
 DEEPSPEED_OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-
-
-# What Accelerate writes for "not given" (``str(None)``, DeepSpeed's ``auto``): read as unset.
-_UNSET_WORDS = ("none", "auto")
-
-
-@dataclass(frozen=True)
-class Fallback:
-    """Accelerate's variable for a setting, read when the ``X_*`` variable is unset.
-
-    Attributes:
-        name: Accelerate's variable, e.g. ``ACCELERATE_MIXED_PRECISION`` or ``FSDP_VERSION``.
-        kind: how Accelerate spells the value, when the ``X_*`` variable's kind does not read it.
-        means: for a switch (``ACCELERATE_USE_FSDP=true``): the value it stands for when true;
-            false means "not this one".
-        when: whether the fallback applies in this environment (Accelerate reads some
-            variables only together with others, e.g. FSDP1's strategy not under FSDP2).
-    """
-
-    name: str
-    kind: Kind | None = None
-    means: Any = None
-    when: Callable[[Mapping[str, str]], bool] | None = None
-
-    def raw(self, environ: Mapping[str, str]) -> str | None:
-        """The text that applies, or ``None`` (unset, empty, ``None``/``auto``, or ``when`` says no)."""
-        raw = environ.get(self.name)
-        if raw is None or raw.strip().lower() in ("", *_UNSET_WORDS):
-            return None
-        if self.when is not None and not self.when(environ):
-            return None
-        if self.means is not None and not Bool().parse(self.name, raw):
-            return None
-        return raw
-
-    def value(self, raw: str, kind: Kind) -> Any:
-        """The typed value of ``raw``; errors name Accelerate's variable."""
-        return self.means if self.means is not None else (self.kind or kind).parse(self.name, raw)
-
-
-@dataclass(frozen=True)
-class EnvVar:
-    """One environment variable: its name, value kind, default and meaning.
-
-    ``fallbacks`` are Accelerate's variables for the same setting, tried in order when this
-    one is unset, so a script started by ``accelerate launch`` runs as configured.
-    """
-
-    name: str
-    kind: Kind = field(repr=False)
-    default: Any = None
-    doc: str = ""
-    fallbacks: tuple[Fallback, ...] = field(default=(), repr=False)
-
-    def _source(self, environ: Mapping[str, str]) -> tuple[str, Fallback | None] | None:
-        raw = environ.get(self.name)
-        if raw is not None and raw.strip() != "":
-            return raw, None
-        for fallback in self.fallbacks:
-            text = fallback.raw(environ)
-            if text is not None:
-                return text, fallback
-        return None
-
-    def is_set(self, environ: Mapping[str, str] | None = None) -> bool:
-        """Whether the variable, or one of its Accelerate fallbacks, is present (empty counts as absent)."""
-        return self._source(os.environ if environ is None else environ) is not None
-
-    def read(self, environ: Mapping[str, str] | None = None) -> Any:
-        """Typed value from ``environ`` (default ``os.environ``), or the default when unset.
-
-        The ``X_*`` variable wins; without it, the first Accelerate fallback that is set.
-
-        Raises:
-            ValueError: the value is malformed; the message names the variable, the value and
-                the accepted values.
-        """
-        found = self._source(os.environ if environ is None else environ)
-        if found is None:
-            return self.default
-        raw, fallback = found
-        return self.kind.parse(self.name, raw) if fallback is None else fallback.value(raw, self.kind)
-
-    def format(self, value: Any) -> str:
-        """The string that ``read`` turns back into ``value``.
-
-        Raises:
-            ValueError: ``value`` is not of this variable's kind.
-        """
-        return self.kind.format(self.name, value)
-
-    def write(self, value: Any, environ: MutableMapping[str, str] | None = None) -> str:
-        """Validate ``value``, store it in ``environ`` (default ``os.environ``), return the string."""
-        text = self.format(value)
-        (os.environ if environ is None else environ)[self.name] = text
-        return text
 
 
 def _var(name: str, kind: Kind, default: Any, doc: str) -> EnvVar:
@@ -227,6 +130,9 @@ PREEMPTION_SIGNALS = _var("PREEMPTION_SIGNALS", Str(), None, "signals a worker t
 PREEMPTION_FILE = _var("PREEMPTION_FILE", Str(), None, "marker x-launch creates when the job is asked to stop")
 FAILURE_REPORT = _var(
     "FAILURE_REPORT", Str(), None, "file x-launch's torchrun agent writes the failing rank to (JSON), for its summary"
+)
+PROGRESS_DIR = _var(
+    "PROGRESS_DIR", Str(), None, "folder where each rank keeps its progress record and stack dumps (--stall-timeout)"
 )
 PREEMPTION_SEEN = ".seen"  # <PREEMPTION_FILE>.seen: created by the ranks that stopped for the request
 CONFIG_FILE = _var("CONFIG_FILE", Str(), None, "launch config file to use instead of the default location")
@@ -325,6 +231,28 @@ HF_TOKEN = EnvVar("HF_TOKEN", Str(), None, "Hugging Face token for gated and pri
 XDG_CACHE_HOME = EnvVar("XDG_CACHE_HOME", Str(), None, "where per-user caches live (default ~/.cache)")
 XDG_CONFIG_HOME = EnvVar("XDG_CONFIG_HOME", Str(), None, "where per-user config files live (default ~/.config)")
 HF_HOME = EnvVar("HF_HOME", Str(), None, "Hugging Face's home; Accelerate keeps its config below it")
+
+# Accelerate's ParallelismConfig reads its sizes and handlers from these when a field is not given
+# (``accelerate launch --parallelism_config_*`` writes them); x's ParallelismConfig reads the same.
+_PC = "PARALLELISM_CONFIG_"
+PARALLELISM_DP_REPLICATE_SIZE = EnvVar(_PC + "DP_REPLICATE_SIZE", Int(minimum=1), 1, "replicated data-parallel ranks")
+PARALLELISM_DP_SHARD_SIZE = EnvVar(_PC + "DP_SHARD_SIZE", Int(minimum=1), 1, "ranks a model is sharded over (FSDP)")
+PARALLELISM_TP_SIZE = EnvVar(_PC + "TP_SIZE", Int(minimum=1), 1, "tensor-parallel ranks")
+PARALLELISM_CP_SIZE = EnvVar(_PC + "CP_SIZE", Int(minimum=1), 1, "context-parallel ranks")
+PARALLELISM_CP_BACKEND = EnvVar(_PC + "CP_BACKEND", Choice(("torch",)), "torch", "context-parallel implementation")
+PARALLELISM_SP_SIZE = EnvVar(_PC + "SP_SIZE", Int(minimum=1), 1, "sequence-parallel ranks")
+PARALLELISM_SP_BACKEND = EnvVar(
+    _PC + "SP_BACKEND", Choice(("deepspeed",)), "deepspeed", "sequence-parallel implementation"
+)
+# Read as text: the handlers check them with Accelerate's messages ("Invalid cp_comm_strategy: ...").
+PARALLELISM_CP_COMM_STRATEGY = EnvVar(_PC + "CP_COMM_STRATEGY", Str(), None, "allgather or alltoall")
+PARALLELISM_SP_SEQ_LENGTH = EnvVar(_PC + "SP_SEQ_LENGTH", Str(), None, "fixed sequence length, or None")
+PARALLELISM_SP_SEQ_LENGTH_IS_VARIABLE = EnvVar(
+    _PC + "SP_SEQ_LENGTH_IS_VARIABLE", Bool(), True, "sequence length may change between batches"
+)
+PARALLELISM_SP_ATTN_IMPLEMENTATION = EnvVar(
+    _PC + "SP_ATTN_IMPLEMENTATION", Str(), None, "attention kernel under sequence parallelism"
+)
 
 FOREIGN: tuple[EnvVar, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, EnvVar) and value not in CONTRACT

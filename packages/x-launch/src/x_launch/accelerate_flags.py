@@ -23,8 +23,8 @@ __all__ = ["REFUSED", "REFUSED_PREFIXES", "TEE_STREAMS", "prepare_launch_args", 
 
 _MEGATRON = "x-launch does not run Megatron-LM: use --use_fsdp or --use_deepspeed to shard a large model"
 _PARALLELISM = (
-    "x does not offer Accelerate's ParallelismConfig (tensor, context, sequence parallelism): "
-    "shard with --use_fsdp, or build the device mesh in code"
+    "x-launch takes no ParallelismConfig flags and x trains no tensor, context or sequence parallelism: "
+    "shard with --use_fsdp, or pass ParallelismConfig(...) to the Accelerator in code"
 )
 _FP8 = "x-launch sets no FP8 recipe: pass --mixed_precision fp8 and give the recipe in code (the Accelerator's kwargs)"
 _SAGEMAKER = "x-launch does not launch on Amazon SageMaker: run x-launch inside the training job instead"

@@ -20,19 +20,12 @@ from typing import Any
 from x_common import env
 from x_common.fsdp_reshard import reshard_variables
 from x_common.kinds import Bool, BoolOrChoice, Choice, Float, GpuIds, Int, Str, StrList
-from x_launch.option import Option, flag_spellings, option, rows_of
+from x_launch import stall
+from x_launch.option import Option, Setting, flag_spellings, option, rows_of
 
 __all__ = ["TABLE", "LaunchConfig", "Setting"]
 
 DEFAULT = "default"  # the source of a value nothing set
-
-
-@dataclass(frozen=True)
-class Setting:
-    """A value and where it came from: ``default``, ``config file <path>``, a variable or ``--<flag>``."""
-
-    value: Any
-    source: str
 
 
 _cli = flag_spellings
@@ -174,6 +167,9 @@ class LaunchConfig(Mapping[str, Setting]):
         cli_help="In a SLURM batch job: after a preemption signal, once the ranks have saved and exited, "
         "requeue the job (scontrol requeue) and exit 0.",
     )
+    # the stall watchdog (x_launch.stall): settings of the launcher, the ranks only get its folder
+    stall_timeout: int = option(**stall.TIMEOUT_ROW)
+    stall_action: str = option(**stall.ACTION_ROW)
     # --- what the training processes get ----------------------------------------------------
     mixed_precision: str = option(
         env.MIXED_PRECISION.kind,

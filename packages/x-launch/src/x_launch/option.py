@@ -18,9 +18,17 @@ from typing import Any
 from x_common.env import EnvVar, launch_flag_var
 from x_common.kinds import Kind
 
-__all__ = ["Option", "flag_spellings", "option", "rows_of"]
+__all__ = ["Option", "Setting", "flag_spellings", "option", "rows_of"]
 
 _ROW = "x_launch.option"  # the key of a row in its dataclass field's metadata
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A value and where it came from: ``default``, ``config file <path>``, a variable or ``--<flag>``."""
+
+    value: Any
+    source: str
 
 
 @dataclass(frozen=True)

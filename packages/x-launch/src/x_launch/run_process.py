@@ -7,7 +7,9 @@ plain summary: which rank, its exit code or signal, and the last lines of its lo
 read from torch's own ``ChildFailedError`` (``x_launch.failures``: the agent runs through
 ``x_launch.torchrun``, which writes it to a report file). The agent's own lines (its logging and
 its traceback) are kept out of the terminal: in ``--log_dir``'s torchrun.log, and shown as they
-come with ``--debug``.
+come with ``--debug``. While the job runs, ``x_launch.stall`` watches the ranks' progress records
+(``--stall-timeout``): after a stall it has printed where each rank is and stopped the job, and
+x-launch exits with its code (124); at the end it prints the ranks' step times.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from x_launch.failures import AgentError, RankFailure, describe_failure, read_re
 from x_launch.launch_plan import Engine, LaunchPlan
 from x_launch.preemption import PreemptionRelay, parse_signals, requeue_job
 from x_launch.rank_output import RankOutput
+from x_launch.stall import EXIT_CODE as STALL_EXIT_CODE
+from x_launch.stall import StallWatch
 
 __all__ = ["run_plan"]
 
@@ -167,9 +171,11 @@ def run_plan(plan: LaunchPlan, early: EarlySignals | None = None) -> int:
     relays = plan.engine is not Engine.SRUN
     report = _report_path() if watch else None
     reported = env.to_environ({env.FAILURE_REPORT: report}) if report is not None else {}
+    log_dir = _log_dir(plan.argv) if plan.scratch_logs is None else None
+    stall = _stall_watch(plan, log_dir)
     child = subprocess.Popen(
         plan.argv,
-        env={**os.environ, **plan.env, **(relay.environment() if relays else {}), **reported},
+        env={**os.environ, **plan.env, **(relay.environment() if relays else {}), **reported, **stall.environment()},
         stderr=subprocess.PIPE if watch else None,
         preexec_fn=lambda: _die_with_parent(relay),  # safe: this process has started no threads yet
     )
@@ -191,7 +197,6 @@ def run_plan(plan: LaunchPlan, early: EarlySignals | None = None) -> int:
     previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
     for number in early.caught if early is not None else ():
         preempt(number, None)  # came while x-launch was starting: the ranks see it at their first check
-    log_dir = _log_dir(plan.argv) if plan.scratch_logs is None else None
     agent_log = log_dir / "torchrun.log" if log_dir is not None else None
     pump = None
     if watch and child.stderr is not None:
@@ -207,14 +212,23 @@ def run_plan(plan: LaunchPlan, early: EarlySignals | None = None) -> int:
     if watch and plan.scratch_logs is not None:
         followed = RankOutput(Path(plan.scratch_logs), _to_stderr, plan.settings.role or "default").start()
     stopped_for_it = False
+
+    def stop_stalled() -> None:
+        if child.poll() is None:
+            child.send_signal(relay.death_signal())  # the agent stops every rank, as on Ctrl-C
+
+    if stall.timeout:
+        stall.start(stop_stalled)
     try:
         code = child.wait()
+        for line in stall.finish():  # the step times; nothing after a stall, which said them
+            print(line, file=sys.stderr, flush=True)
         stopped_for_it = relay.acknowledged()
         if followed is not None:
             followed.stop()
         if pump is not None:
             pump.join(timeout=5)
-        if code != 0 and report is not None and not stopped_by:
+        if code != 0 and report is not None and not stopped_by and not stall.stalled:
             for line in _summary(plan, read_report(report), code, agent_log):
                 print(line, file=sys.stderr, flush=True)
     finally:
@@ -227,11 +241,20 @@ def run_plan(plan: LaunchPlan, early: EarlySignals | None = None) -> int:
         if report is not None:
             Path(report).unlink(missing_ok=True)
         relay.close()
+        stall.close()
+    if stall.stalled and not stopped_by:
+        return STALL_EXIT_CODE
     if (relay.requested or stopped_for_it) and not stopped_by:
         return _after_preemption(plan, 128 - code if code < 0 else code, stopped_for_it)
     if stopped_by:
         return 128 + stopped_by[0]  # as a shell reports a job its signal ended: 130, 143
     return 128 - code if code < 0 else code
+
+
+def _stall_watch(plan: LaunchPlan, log_dir: Path | None) -> StallWatch:
+    """The stall watchdog of one local run (timeout 0: off); SLURM's and TPU's runs leave it to what they start."""
+    local = plan.engine in (Engine.PYTHON, Engine.TORCHRUN)
+    return StallWatch(plan.settings.stall_timeout if local else 0, plan.settings.stall_action, log_dir)
 
 
 def _after_preemption(plan: LaunchPlan, code: int, stopped_for_it: bool) -> int:

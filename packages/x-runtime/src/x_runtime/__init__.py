@@ -51,6 +51,12 @@ from x_runtime.core.memory import (
     should_reduce_batch_size,
 )
 from x_runtime.core.nested import find_batch_size, is_namedtuple, send_to_device
+from x_runtime.core.parallel_handlers import (
+    DeepSpeedSequenceParallelConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+)
+from x_runtime.core.parallelism import ParallelismConfig
 from x_runtime.core.random_state import set_seed, synchronize_rng_states
 from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
 from x_runtime.data.iterable_shard import IterableDatasetShard
@@ -94,6 +100,7 @@ __all__ = [
     "DataLoaderShard",
     "DataLoaderStateMixin",
     "DeepSpeedPlugin",
+    "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
@@ -106,6 +113,7 @@ __all__ = [
     "KwargsHandler",
     "LocalSGD",
     "MultiProcessAdapter",
+    "ParallelismConfig",
     "PartialState",
     "ProfileKwargs",
     "ProjectConfiguration",
@@ -113,7 +121,9 @@ __all__ = [
     "SkipBatchSampler",
     "SkipDataLoader",
     "TERecipeKwargs",
+    "TorchContextParallelConfig",
     "TorchDynamoPlugin",
+    "TorchTensorParallelConfig",
     "__version__",
     "broadcast",
     "broadcast_object_list",

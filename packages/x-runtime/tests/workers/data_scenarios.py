@@ -85,7 +85,10 @@ def grid(processes: int, rank: int) -> dict:
 def shuffled(processes: int, rank: int) -> dict:
     torch.manual_seed(1234 + rank)  # only rank 0's draw may count
     loader = prepare_data_loader(
-        DataLoader(Indexed(10), batch_size=2, shuffle=True), num_processes=processes, process_index=rank
+        DataLoader(Indexed(10), batch_size=2, shuffle=True),
+        num_processes=processes,
+        process_index=rank,
+        use_seedable_sampler=True,
     )
     epochs = [walk(loader)["batches"], walk(loader)["batches"]]
     loader.set_epoch(0)
@@ -125,7 +128,11 @@ def resumed(processes: int, rank: int) -> dict:
     def fresh(seed: int, **kwargs):
         torch.manual_seed(seed)
         return prepare_data_loader(
-            DataLoader(Indexed(14), batch_size=2, shuffle=True), num_processes=processes, process_index=rank, **kwargs
+            DataLoader(Indexed(14), batch_size=2, shuffle=True),
+            num_processes=processes,
+            process_index=rank,
+            use_seedable_sampler=True,
+            **kwargs,
         )
 
     first = fresh(7)
@@ -153,6 +160,7 @@ def resumed(processes: int, rank: int) -> dict:
         DataLoader(Indexed(14), batch_size=2, shuffle=True),
         num_processes=processes,
         process_index=rank,
+        use_seedable_sampler=True,
         data_seed=state["seed"],
     )
     reference_epochs = [walk(reference)["batches"] for _ in range(3)]

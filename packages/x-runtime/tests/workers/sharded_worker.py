@@ -54,9 +54,9 @@ def main() -> None:
     project = Path(sys.argv[2])
     save_at, stop_at = int(sys.argv[3]), int(sys.argv[4])
     resume = len(sys.argv) > 5 and sys.argv[5] == "resume"
-    accelerator = Accelerator(
-        cpu=True, gradient_accumulation_steps=2, dataloader_config=DataLoaderConfiguration(split_batches=True)
-    )
+    # The seedable sampler: one shuffled order for every world size, so 2 processes train as 1 does.
+    config = DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2, dataloader_config=config)
     set_seed(5)
     g = torch.Generator().manual_seed(3)
     data = TensorDataset(torch.randn(96, 6, generator=g), torch.randn(96, 1, generator=g))

@@ -40,7 +40,8 @@ def train(*, split_batches=False, accumulation=1, shuffle=False, mixed_precision
         cpu=CPU,
         mixed_precision=mixed_precision,
         gradient_accumulation_steps=accumulation,
-        dataloader_config=DataLoaderConfiguration(split_batches=split_batches),
+        # one permutation whatever the world size: the seedable sampler (x's, asked for)
+        dataloader_config=DataLoaderConfiguration(split_batches=split_batches, use_seedable_sampler=True),
     )
     set_seed(5)
     net = model()

@@ -5,5 +5,6 @@ hook that moves inputs and brings offloaded weights in; ``hook_attach`` decides 
 which hook; ``tensor_sources`` where each placed tensor's value comes from; ``planned`` places a
 model as a ``DevicePlan`` says. The entry points: ``entry_points`` (``dispatch_model``,
 ``load_checkpoint_and_dispatch``), ``whole_model`` (``cpu_offload``, ``disk_offload``) and
-``offload_hook`` (``cpu_offload_with_hook``).
+``offload_hook`` (``cpu_offload_with_hook``); ``layerwise_casting`` keeps layers in a small dtype
+between their forwards (``attach_layerwise_casting_hooks``).
 """

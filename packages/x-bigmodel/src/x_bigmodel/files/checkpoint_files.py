@@ -71,19 +71,43 @@ def _pick_in_folder(folder: Path) -> Path:
         raise ValueError(f"checkpoint folder {str(folder)!r} holds several index files ({names}); pass one of them")
     if candidates:
         return candidates[0]
-    for pattern in ("*.safetensors", *(f"*{s}" for s in _TORCH_SUFFIXES)):
-        found = sorted(folder.glob(pattern))
-        if len(found) == 1:
-            return found[0]
-        if len(found) > 1:
-            names = ", ".join(p.name for p in found)
-            raise ValueError(
-                f"checkpoint folder {str(folder)!r} holds several {pattern} files ({names}) but no "
-                "*.index.json saying which tensor is where; pass the file or add an index"
-            )
+    offloaded = _offload_storage(folder)
+    # First the files no offload index names, then (an offload that reads the checkpoint in place
+    # names the checkpoint itself) any.
+    for skip in (offloaded, set()):
+        for pattern in ("*.safetensors", *(f"*{s}" for s in _TORCH_SUFFIXES)):
+            found = [p for p in sorted(folder.glob(pattern)) if str(p.resolve()) not in skip]
+            if len(found) == 1:
+                return found[0]
+            if len(found) > 1:
+                names = ", ".join(p.name for p in found)
+                raise ValueError(
+                    f"checkpoint folder {str(folder)!r} holds several {pattern} files ({names}) but no "
+                    "*.index.json saying which tensor is where; pass the file or add an index"
+                )
     raise ValueError(
         f"checkpoint folder {str(folder)!r} holds no *.index.json, *.safetensors, *.bin or *.pt file to load"
     )
+
+
+def _offload_storage(folder: Path) -> set[str]:
+    """Files an offload into ``folder`` wrote for its weights (named in its ``index.json``).
+
+    A folder can be both a checkpoint and an offload folder (Accelerate's tests save, offload into
+    the same folder, save again): the offload's own ``<stem>.safetensors`` (written for a ``.bin``
+    checkpoint) holds a few weights only and must not be taken for the checkpoint.
+    """
+    try:
+        index = json.loads((folder / "index.json").read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(index, dict):
+        return set()
+    return {
+        str(Path(entry["safetensors_file"]).resolve())
+        for entry in index.values()
+        if isinstance(entry, dict) and isinstance(entry.get("safetensors_file"), str)
+    }
 
 
 def _read_index(index_path: Path) -> dict[Path, list[str] | None]:

@@ -22,6 +22,7 @@ from x_common import env
 from x_runtime.accelerator.checkpoints import CheckpointMethods
 from x_runtime.accelerator.ddp import DDPMethods
 from x_runtime.accelerator.forward import Forward
+from x_runtime.accelerator.parallelism import check_parallelism
 from x_runtime.accelerator.preemption import PreemptionMethods
 from x_runtime.accelerator.prepare import PrepareMethods
 from x_runtime.accelerator.prepared import PreparedObjects, release_at_exit
@@ -37,12 +38,14 @@ from x_runtime.core.configs import (
     KwargsHandler,
     ProjectConfiguration,
 )
+from x_runtime.core.parallelism import ParallelismConfig
 from x_runtime.core.random_state import set_seed
 from x_runtime.data.gradient_state import check_steps
 from x_runtime.precision.dynamo import TorchDynamoPlugin
 from x_runtime.precision.fp8 import fp8_recipe_for
 from x_runtime.precision.policy import Precision
 from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.progress import open_progress
 from x_runtime.strategies.select import decide
 
 __all__ = ["Accelerator"]
@@ -83,6 +86,8 @@ class Accelerator(
             ``dynamo_backend``.
         fsdp_plugin: shard the model with FSDP2 (else the launcher's ``distributed_type``).
         deepspeed_plugin: train through a DeepSpeed engine (ZeRO stages 0-3).
+        parallelism_config: ``ParallelismConfig`` describing the data parallel layout (DDP, or
+            FSDP over every rank); tensor, context and sequence parallelism and HSDP are refused.
 
     Examples:
         >>> import torch
@@ -116,6 +121,7 @@ class Accelerator(
         kwargs_handlers: list[KwargsHandler] | None = None,
         dynamo_backend: str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
+        parallelism_config: ParallelismConfig | None = None,
     ):
         for rng in rng_types or []:
             if str(rng) not in _RNG_TYPES:
@@ -138,6 +144,10 @@ class Accelerator(
         )
         process = choice.join(cpu=cpu)
         self.process_state = process
+        open_progress(process.rank)  # under x-launch: the stall watchdog's record and stack dump
+        self.parallelism_config = check_parallelism(
+            parallelism_config, num_processes=process.world_size, distributed_type=choice.kind
+        )
         mode = env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision)
         self.fp8_recipe = fp8_recipe_for(mode, process.device, self.handlers.fp8)
         self.precision = Precision(

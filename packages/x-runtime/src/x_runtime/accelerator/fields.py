@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from x_runtime.accelerator.prepared import PreparedObjects
     from x_runtime.accelerator.state_views import AcceleratorState
     from x_runtime.core.configs import DataLoaderConfiguration, Handlers, ProjectConfiguration
+    from x_runtime.core.parallelism import ParallelismConfig
     from x_runtime.data.gradient_state import GradientState
     from x_runtime.precision.dynamo import TorchDynamoPlugin
     from x_runtime.precision.policy import Precision
@@ -38,6 +39,7 @@ class AcceleratorFields:
     dataloader_config: DataLoaderConfiguration
     project_configuration: ProjectConfiguration
     dynamo_plugin: TorchDynamoPlugin
+    parallelism_config: ParallelismConfig | None  # checked by accelerator.parallelism: data parallel only
     fp8_recipe: Any  # torchao's or Transformer Engine's recipe under fp8, else None
     device_placement: bool
     step_scheduler_with_optimizer: bool

@@ -14,12 +14,14 @@ import torch
 from x_runtime.accelerator.extract import extract_model_from_parallel
 from x_runtime.accelerator.fields import AcceleratorFields
 from x_runtime.accelerator.prepared import is_scheduler, kind_order
+from x_runtime.accelerator.quantized import check_quantized_placement
 from x_runtime.core.unwrap import unwrap_model
 from x_runtime.data.data_loader import LoaderSpec, skip_first_batches
 from x_runtime.data.sharding import Sharding
 from x_runtime.optim.optimizer import AcceleratedOptimizer
 from x_runtime.optim.scheduler import AcceleratedScheduler
 from x_runtime.precision.dynamo import compile_model
+from x_runtime.process.distributed_type import DistributedType
 from x_runtime.strategies.base import Replacements
 
 __all__ = ["PrepareMethods"]
@@ -27,6 +29,28 @@ __all__ = ["PrepareMethods"]
 
 class PrepareMethods(AcceleratorFields):
     """Accelerate's ``prepare`` family, ``unwrap_model`` and ``skip_first_batches``."""
+
+    # Accelerate's private lists of what was prepared, which code outside it reads (transformers'
+    # Trainer checks ``len(accelerator._models)``): the lists x keeps, in preparation order.
+    @property
+    def _models(self) -> list[Any]:
+        return self._prepared.models
+
+    @property
+    def _optimizers(self) -> list[Any]:
+        return self._prepared.optimizers
+
+    @property
+    def _schedulers(self) -> list[Any]:
+        return self._prepared.schedulers
+
+    @property
+    def _dataloaders(self) -> list[Any]:
+        return self._prepared.dataloaders
+
+    @property
+    def _custom_objects(self) -> list[Any]:
+        return self._prepared.custom
 
     def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
         """Prepare models, optimizers, dataloaders and schedulers; return them in the same order.
@@ -80,6 +104,8 @@ class PrepareMethods(AcceleratorFields):
             # Prepared already, as is or inside its wrapper: Accelerate hands it back, never wrapping twice.
             if model is prepared or model is unwrap_model(prepared):
                 return prepared
+        state = self.process_state
+        check_quantized_placement(model, device=state.device, distributed=state.distributed_type != DistributedType.NO)
         if self.device_placement if device_placement is None else device_placement:
             model = self.strategy.place_model(model)
         if self.fp8_recipe is not None:

@@ -14,7 +14,7 @@ import torch
 
 from x_runtime.accelerator.fields import AcceleratorFields
 from x_runtime.core import nested
-from x_runtime.process import collectives
+from x_runtime.process import collectives, progress
 from x_runtime.process.helpers import first_on, on_process, split_between_processes
 
 __all__ = ["ProcessMethods"]
@@ -26,7 +26,8 @@ class ProcessMethods(AcceleratorFields):
     # --- collectives -----------------------------------------------------------------------
     def gather(self, tensor: Any) -> Any:
         """Every process's tensors concatenated along dim 0 (nested structures kept)."""
-        return collectives.gather(tensor)
+        with progress.during(progress.Phase.GATHER):
+            return collectives.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
         """``gather`` minus the samples duplicated to even out the last batch.
@@ -36,9 +37,11 @@ class ProcessMethods(AcceleratorFields):
         """
         tensors_only = all(isinstance(t, torch.Tensor) for t in _leaves(input_data))
         if use_gather_object or not tensors_only:
-            data = collectives.gather_object(input_data)
+            with progress.during(progress.Phase.GATHER_OBJECT):
+                data = collectives.gather_object(input_data)
         else:
-            data = collectives.gather(input_data)
+            with progress.during(progress.Phase.GATHER):
+                data = collectives.gather(input_data)
         state = self.gradient_state
         if not state.end_of_dataloader or state.remainder < 0:
             return data
@@ -47,10 +50,12 @@ class ProcessMethods(AcceleratorFields):
         return nested.slice_batch(data, slice(0, state.remainder))
 
     def pad_across_processes(self, tensor: Any, dim: int = 0, pad_index: int = 0, pad_first: bool = False) -> Any:
-        return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+        with progress.during(progress.Phase.PAD):
+            return collectives.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
 
     def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
-        return collectives.reduce(tensor, reduction=reduction, scale=scale)
+        with progress.during(progress.Phase.REDUCE):
+            return collectives.reduce(tensor, reduction=reduction, scale=scale)
 
     def set_trigger(self) -> None:
         """Flag a condition on this process; ``check_trigger`` sees it on every process."""
@@ -71,7 +76,8 @@ class ProcessMethods(AcceleratorFields):
 
     # --- processes -------------------------------------------------------------------------
     def wait_for_everyone(self) -> None:
-        self.process_state.wait_for_everyone()
+        with progress.during(progress.Phase.BARRIER):
+            self.process_state.wait_for_everyone()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on the local main process only."""

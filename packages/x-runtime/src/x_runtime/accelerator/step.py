@@ -16,6 +16,7 @@ import torch
 from x_runtime.accelerator.fields import AcceleratorFields
 from x_runtime.core.unwrap import unwrap_model
 from x_runtime.optim.optimizer import AcceleratedOptimizer
+from x_runtime.process import progress
 
 __all__ = ["StepMethods"]
 
@@ -28,7 +29,11 @@ class StepMethods(AcceleratorFields):
         """``loss.backward()`` divided over accumulation steps, scaled under fp16."""
         if self.gradient_state.num_steps > 1 and not self.strategy.scales_loss_for_accumulation:
             loss = loss / self.gradient_state.num_steps
-        self.strategy.backward(loss, self.precision.scaler, **kwargs)
+        progress.enter(progress.Phase.BACKWARD)  # x-launch's stall watchdog: DDP's all-reduce waits in here
+        try:
+            self.strategy.backward(loss, self.precision.scaler, **kwargs)
+        finally:
+            progress.leave()
 
     def _do_sync(self) -> None:
         state = self.gradient_state

@@ -42,6 +42,7 @@ class DataLoaderConfiguration:
         even_batches: pad the last global batch with samples from the start so every process
             gets the same number of full batches (``gather_for_metrics`` drops the padding).
         use_seedable_sampler: shuffle with a permutation that depends only on seed and epoch.
+            Off by default (as Accelerate): loaders draw from torch's global RNG as Accelerate's do.
         data_seed: that seed; ``None`` draws one from torch's RNG on the main process.
         non_blocking: asynchronous host-to-device copies (with ``pin_memory=True``).
         use_stateful_dataloader: ``load_state`` also resumes iteration at the next batch.
@@ -54,7 +55,7 @@ class DataLoaderConfiguration:
     split_batches: bool = False
     dispatch_batches: bool | None = None
     even_batches: bool = True
-    use_seedable_sampler: bool = True
+    use_seedable_sampler: bool = False
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False

@@ -1,5 +1,6 @@
 """What every prepared loader shares: epoch and position bookkeeping, checkpoint state, the
-iteration protocol with one batch of look-ahead, and registration with the gradient state.
+iteration protocol that knows the last batch ahead (``_lookahead``), and registration with the
+gradient state.
 
 ``loaders`` builds on it: ``DataLoaderShard`` (every process reads its share) and
 ``DataLoaderDispatcher`` (the main process reads and sends).
@@ -16,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from x_runtime.core.nested import concat_batches, find_batch_size, send_to_device, slice_batch
+from x_runtime.data._lookahead import IndexPeek, batches_with_last
 from x_runtime.data._position import _Cursor, _EpochCounter
 from x_runtime.data.epoch_rng import EpochRandomness
 from x_runtime.data.gradient_state import GradientState
@@ -23,9 +25,6 @@ from x_runtime.data.loader_state import DataLoaderStateMixin, StatefulLook
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, check_split
 from x_runtime.data.sharding import Sharding
 from x_runtime.data.steps import BatchOps, global_steps, rank_batch_count
-
-_END = object()
-
 
 _TENSOR_OPS = BatchOps(find_batch_size, concat_batches, slice_batch)
 
@@ -54,6 +53,7 @@ class _PreparedLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
         seed: int | None = None,
         skip_batches: int = 0,
         use_stateful_dataloader: bool = False,
+        use_seedable_sampler: bool = True,
         **dataloader_kwargs: Any,
     ) -> None:
         if skip_batches < 0:
@@ -89,7 +89,11 @@ class _PreparedLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
         self._epochs = epoch_source if epoch_source is not None else _EpochCounter()
         self._seed = seed
         self._rng = EpochRandomness(
-            inner, dataloader_kwargs.get("generator"), sharding, every_rank_iterates=self._every_rank_iterates
+            inner,
+            dataloader_kwargs.get("generator"),
+            sharding,
+            every_rank_iterates=self._every_rank_iterates,
+            global_draws=not use_seedable_sampler,
         )
         self.skip_batches = int(skip_batches)
         self.use_stateful_dataloader = use_stateful_dataloader
@@ -113,6 +117,7 @@ class _PreparedLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
             "seed": seed,
             "skip_batches": skip_batches,
             "use_stateful_dataloader": use_stateful_dataloader,
+            "use_seedable_sampler": use_seedable_sampler,
             **dataloader_kwargs,
         }
 
@@ -139,6 +144,15 @@ class _PreparedLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
     @sampler.setter
     def sampler(self, value: Any) -> None:
         self.__dict__["_raw_sampler"] = value
+
+    @property
+    def _index_sampler(self) -> Any:
+        # What DataLoader's iterators read indices from: read one item ahead (see ``_lookahead``).
+        source = DataLoader._index_sampler.fget(self)  # type: ignore[attr-defined]
+        peek = self.__dict__.get("_peek")
+        if peek is None or peek.source is not source:
+            peek = self.__dict__["_peek"] = IndexPeek(source)
+        return peek
 
     @property
     def total_batch_size(self) -> int | None:
@@ -335,39 +349,22 @@ class _PreparedLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
         try:
             if self._fast:
                 iterator, drop = self._fast_source(resume)
-                for _ in range(drop):
-                    if next(iterator, _END) is _END:
-                        break
-                current = next(iterator, _END)
-                rng.started()
-                if current is not _END:
-                    if device is not None:
-                        current = send_to_device(current, device, non_blocking=non_blocking)
-                    # One batch of look-ahead: the last batch is known before it is handed out,
-                    # and moving a batch overlaps with fetching the next one.
-                    for upcoming in iterator:
-                        position += 1
-                        cursor.position = position
-                        yield current
-                        current = (
-                            send_to_device(upcoming, device, non_blocking=non_blocking)
-                            if device is not None
-                            else upcoming
-                        )
-                    self.remainder = -1 if uneven else self._last_remainder(current)
-                    self.end_of_dataloader = True
-                    cursor.position, cursor.done = position + 1, True
-                    yield current
+                peek = None if self._iterable else self.__dict__.get("_peek")
+                steps: Iterator[tuple[Any, bool, int | None]] = (
+                    (batch, last, None) for batch, last in batches_with_last(iterator, drop, peek)
+                )
             else:
-                for batch, last, real in self._rank_batches(self.skip_batches + resume):
-                    if last:
-                        self.remainder = -1 if uneven else real
-                        self.end_of_dataloader = True
-                    if device is not None:
-                        batch = send_to_device(batch, device, non_blocking=non_blocking)
-                    position += 1
-                    cursor.position, cursor.done = position, last
-                    yield batch
+                steps = self._rank_batches(self.skip_batches + resume)
+            for batch, last, real in steps:
+                rng.started()  # the sampler has read its generator: the user's sampler is given back
+                if last:
+                    self.remainder = -1 if uneven else (self._last_remainder(batch) if real is None else real)
+                    self.end_of_dataloader = True
+                if device is not None:
+                    batch = send_to_device(batch, device, non_blocking=non_blocking)
+                position += 1
+                cursor.position, cursor.done = position, last
+                yield batch
             completed = True
         finally:
             rng.started()

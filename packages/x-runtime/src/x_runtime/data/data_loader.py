@@ -9,8 +9,13 @@ training loop needs around it:
 - **Iterable datasets** cannot be indexed. Either every rank iterates the whole loader and keeps
   its share of each step (``dispatch_batches=False``), or rank 0 alone iterates it and sends each
   rank its share (``dispatch_batches=True``, the default for them).
-- **Shuffling** goes through :class:`~x_runtime.data.samplers.SeedableRandomSampler`, whose order is a
-  function of ``(seed, epoch)``: all ranks agree without synchronising RNG states every epoch.
+- **Shuffling** draws from torch's global RNG as Accelerate's default does (one process: as plain
+  torch; several: the sampler gets a generator, seeded by one global draw here and given rank 0's
+  state at every epoch start), so a script keeps its random numbers after migrating. With
+  ``use_seedable_sampler=True`` it goes through
+  :class:`~x_runtime.data.samplers.SeedableRandomSampler` instead, whose order is a function of
+  ``(seed, epoch)``: all ranks agree without synchronising RNG states, and epochs draw nothing
+  from the global RNG.
 - **Loop bookkeeping**: the loader registers with a ``GradientState`` while it iterates, raises
   ``end_of_dataloader`` just before the last batch and reports in ``remainder`` how many samples of
   the last global step are real rather than padding.
@@ -160,6 +165,18 @@ def _shared_seed(data_seed: int | None, generator: torch.Generator | None, num_p
     return seed
 
 
+def _give_generator(source: Any) -> None:
+    """Give the sampler under ``source`` a generator seeded by one global draw, if it has none.
+
+    Accelerate 1.15 does this at ``prepare`` for several processes without the seedable sampler (on
+    the user's sampler); the loader then gives every rank rank 0's state at each epoch start. The
+    same draw here keeps the global RNG stream of a migrated script.
+    """
+    sampler: Any = getattr(source, "sampler", None)  # a batch sampler's (Accelerate's ``get_sampler``)
+    if hasattr(sampler, "generator") and sampler.generator is None:
+        sampler.generator = torch.Generator().manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+
+
 def _seedable(source: Any, data_seed: int | None, num_processes: int) -> Any:
     """``source`` (a sampler or batch sampler) with its RandomSampler made seedable."""
     holder = None if isinstance(source, RandomSampler) else source
@@ -202,7 +219,7 @@ def prepare_data_loader(
     dispatch_batches: bool | None = None,
     even_batches: bool = True,
     slice_fn_for_dispatch: Any = None,
-    use_seedable_sampler: bool = True,
+    use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
     use_stateful_dataloader: bool = False,
@@ -235,7 +252,8 @@ def prepare_data_loader(
         dispatch_batches: Rank 0 alone iterates ``dataloader`` and sends the others their share
             (:class:`DataLoaderDispatcher`). Defaults to True for iterable datasets.
         use_seedable_sampler: Replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`, so
-            every process shuffles the same way each epoch.
+            every process shuffles the same way each epoch whatever the global RNG did. Off (the
+            default, as Accelerate's): the global RNG is drawn as Accelerate draws it.
         data_seed: Its seed; ``None`` draws one now from torch's RNG (the sampler's generator if it
             has one) on rank 0 and broadcasts it, so ``torch.manual_seed`` before this call fixes it.
         non_blocking: Asynchronous host-to-device copies (with ``pin_memory``).
@@ -292,7 +310,7 @@ def prepare_sharded_loader(
     *,
     device: torch.device | str | None = None,
     dispatch_batches: bool | None = None,
-    use_seedable_sampler: bool = True,
+    use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
     gradient_state: GradientState | None = None,
@@ -320,6 +338,7 @@ def prepare_sharded_loader(
         "use_stateful_dataloader": use_stateful_dataloader,
         **_loader_settings(dataloader),
     }
+    common["use_seedable_sampler"] = use_seedable_sampler
     loader_class = DataLoaderDispatcher if dispatch else DataLoaderShard
     if iterable:
         return loader_class(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **common)
@@ -327,6 +346,8 @@ def prepare_sharded_loader(
     source = dataloader.batch_sampler if auto else dataloader.sampler
     if use_seedable_sampler:
         source = _seedable(source, data_seed, sharding.num_processes)
+    elif sharding.num_processes > 1 and not dispatch:
+        _give_generator(source)
     sampling = {"batch_sampler": source} if auto else {"sampler": source, "batch_size": None}
     return loader_class(dataset, **sampling, **common)
 
@@ -344,7 +365,7 @@ class LoaderSpec:
     dataloader: DataLoader
     sharding: Sharding = field(default_factory=Sharding)
     dispatch_batches: bool | None = None
-    use_seedable_sampler: bool = True
+    use_seedable_sampler: bool = False
     data_seed: int | None = None
     non_blocking: bool = False
     use_stateful_dataloader: bool = False

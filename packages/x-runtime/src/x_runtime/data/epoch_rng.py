@@ -7,14 +7,19 @@ already in the restored state): one extra draw shifts dropout and every later ra
 sources:
 
 - **The workers' base seed**, which a DataLoader iterator draws from the loader's generator, or
-  from the global RNG when it has none: the loader gets a generator of its own, seeded by
-  ``(seed, epoch)``, so replaying an epoch gives the workers the same seeds.
+  from the global RNG when it has none. By default (``use_seedable_sampler=False``, as Accelerate)
+  it is drawn from the global RNG as plain torch draws it, so a script keeps Accelerate's random
+  numbers; a replayed epoch takes it from a generator of its own instead (its draw is already in
+  the restored state). With the seedable sampler the loader always has a generator of its own,
+  seeded by ``(seed, epoch)``: its epochs draw nothing from the global RNG.
 - **The user's generator** (``DataLoader(generator=g)``, ``RandomSampler(generator=g)``): its
   state at the start of the epoch is kept; loading puts it back, and the replayed epoch draws
   what the interrupted one drew.
-- **A RandomSampler without a generator** (``use_seedable_sampler=False``) draws its seed from the
-  global RNG as its iteration starts. The seed is drawn here instead (the same draw), kept, and
-  handed back to the sampler when a loaded epoch is replayed, so the replay draws nothing.
+- **A RandomSampler without a generator** (``use_seedable_sampler=False``, one process) draws its
+  seed from the global RNG as its iteration starts, after the base seed. The seed is drawn here
+  instead (the same draw, in the same order), kept, and handed back to the sampler when a loaded
+  epoch is replayed, so the replay draws nothing. With several processes ``prepare`` gives it a
+  generator (one global draw, as Accelerate), synchronized from rank 0 at every epoch start.
 
 A :class:`~x_runtime.data.samplers.SeedableRandomSampler` shuffles by ``(seed, epoch)`` alone:
 nothing to keep.
@@ -53,12 +58,23 @@ class EpochRandomness:
         generator: The ``generator`` the user gave the DataLoader, if any.
         sharding: Where this process sits.
         every_rank_iterates: Each rank iterates the sampler (False: rank 0 alone, and sends).
+        global_draws: Draw the workers' base seed from the global RNG, as plain torch (and
+            Accelerate without the seedable sampler) does.
     """
 
     def __init__(
-        self, sampler: Any, generator: torch.Generator | None, sharding: Sharding, *, every_rank_iterates: bool
+        self,
+        sampler: Any,
+        generator: torch.Generator | None,
+        sharding: Sharding,
+        *,
+        every_rank_iterates: bool,
+        global_draws: bool = False,
     ) -> None:
         self._own_generator = generator is None
+        self._global_draws = global_draws
+        self._replaying = False  # a loaded state's epoch: its draws are in the restored global RNG
+        self._lent: DataLoader | None = None  # the loader holding a base-seed generator until started
         # A seedable sampler reseeds any generator it has from (seed, epoch): nothing to keep there.
         seedable = isinstance(sampler, SeedableRandomSampler)
         sampler_generator = None if seedable else getattr(sampler, "generator", None)
@@ -79,9 +95,18 @@ class EpochRandomness:
 
     def begin(self, loader: DataLoader, seed: int | None, epoch: int) -> None:
         """Make this epoch's draws, before ``loader`` starts its DataLoader iterator."""
-        if self._own_generator:
+        replaying, self._replaying = self._replaying, False
+        if self._own_generator and not self._reuses_workers(loader):
             generator = torch.Generator()
-            generator.manual_seed(_mix_seed(seed or 0, epoch) ^ _WORKER_SEED_SALT)
+            if self._global_draws and self._draws_here and not replaying:
+                # The iterator draws its base seed from a copy of the global RNG, then the global RNG
+                # makes that same draw: the stream plain torch has, and the sampler's seed can be
+                # drawn next, in torch's order, before the iterator (whose workers read it) starts.
+                generator.set_state(torch.get_rng_state())
+                torch.empty((), dtype=torch.int64).random_()
+                self._lent = loader
+            else:
+                generator.manual_seed(_mix_seed(seed or 0, epoch) ^ _WORKER_SEED_SALT)
             loader.generator = generator
         if self._shared is not None:
             from x_runtime.core.random_state import synchronize_rng_states
@@ -102,10 +127,18 @@ class EpochRandomness:
         # RandomSampler reads its generator once, as its iteration starts; ``started`` takes it back.
         sampler.generator = torch.Generator().manual_seed(drawn)
 
+    @staticmethod
+    def _reuses_workers(loader: DataLoader) -> bool:
+        # Persistent workers: torch draws no base seed again once its iterator exists.
+        return bool(loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None)
+
     def started(self) -> None:
-        """The sampler's iteration has begun (or the epoch ended): give the user's sampler back as it was."""
+        """The iteration has begun (or the epoch ended): give the user's sampler and loader back as they were."""
         if self._global_sampler is not None:
             self._global_sampler.generator = None
+        if self._lent is not None:
+            self._lent.generator = None
+            self._lent = None
 
     def state_dict(self, *, mid_epoch: bool) -> dict[str, Any]:
         """What a resume needs: the draws of the epoch holding the next batch (``mid_epoch``: the running one)."""
@@ -125,3 +158,5 @@ class EpochRandomness:
                 generator.set_state(_decode(text))
         seed = state.get("sampler_seed")
         self._loaded_seed = int(seed) if mid_epoch and seed is not None else None
+        # Saved inside an epoch's loop: that epoch's draws were made before the save.
+        self._replaying = mid_epoch and int(state.get("batches_yielded", 0)) > 0

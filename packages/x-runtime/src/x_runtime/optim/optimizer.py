@@ -14,6 +14,7 @@ import torch
 
 from x_runtime.core import nested
 from x_runtime.data.gradient_state import GradientState
+from x_runtime.process import progress
 
 __all__ = ["AcceleratedOptimizer"]
 
@@ -108,6 +109,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         result = self._step(closure)
         if self._after_step is not None:
             self._after_step(self.optimizer)
+        progress.step_done()  # x-launch's stall watchdog and straggler report count it
         return result
 
     def _step(self, closure: Any) -> Any:

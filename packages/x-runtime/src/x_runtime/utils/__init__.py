@@ -8,6 +8,7 @@ sets variables for the length of a block).
 
 from x_runtime.accelerator.extract import extract_model_from_parallel
 from x_runtime.core import imports
+from x_runtime.core.configs import DataLoaderConfiguration, ProjectConfiguration
 from x_runtime.core.environment import (
     clear_environment,
     convert_dict_to_env_variables,
@@ -15,7 +16,14 @@ from x_runtime.core.environment import (
     purge_accelerate_environment,
 )
 from x_runtime.core.imports import *  # noqa: F403 - every check, named once in imports.__all__
+from x_runtime.core.model_parallel import get_model_tp_size
 from x_runtime.core.nested import concatenate, listify, pad_input_tensors, recursively_apply
+from x_runtime.core.parallel_handlers import (
+    BETA_CP_AVAILABLE_PYTORCH_VERSION,
+    BETA_SP_AVAILABLE_DEEPSPEED_VERSION,
+    BETA_TP_AVAILABLE_PYTORCH_VERSION,
+    BETA_TP_AVAILABLE_TRANSFORMERS_VERSION,
+)
 from x_runtime.core.system import check_os_kernel
 from x_runtime.core.versions import compare_versions, is_torch_version
 from x_runtime.precision.policy import convert_outputs_to_fp32
@@ -24,7 +32,13 @@ from x_runtime.process.saving import save
 
 __all__ = [
     *imports.__all__,
+    "BETA_CP_AVAILABLE_PYTORCH_VERSION",
+    "BETA_SP_AVAILABLE_DEEPSPEED_VERSION",
+    "BETA_TP_AVAILABLE_PYTORCH_VERSION",
+    "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION",
     "CannotPadNestedTensorWarning",
+    "DataLoaderConfiguration",
+    "ProjectConfiguration",
     "check_os_kernel",
     "concatenate",
     "convert_dict_to_env_variables",
@@ -36,6 +50,7 @@ __all__ = [
     "clear_environment",
     "compare_versions",
     "extract_model_from_parallel",
+    "get_model_tp_size",
     "is_torch_version",
     "patch_environment",
     "purge_accelerate_environment",
