@@ -180,3 +180,18 @@ def test_align_module_device_keeps_changes_made_in_the_block() -> None:
     with align_module_device(layer, "cpu"), torch.no_grad():
         layer.weight.fill_(3.0)
     assert torch.equal(layer.weight, torch.full((3, 2), 3.0))
+
+
+def test_get_state_dict_from_offload_reads_a_disk_offloaded_module_back(tmp_path) -> None:
+    from x_bigmodel import disk_offload, get_state_dict_from_offload
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    reference = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    disk_offload(model, str(tmp_path), execution_device="cpu")
+    assert model[1].weight.device.type == "meta"
+    wanted = {"1.weight": "placeholder", "1.bias": "placeholder", "0.weight": "kept"}
+    got = get_state_dict_from_offload(model[1], "1.weight", wanted)
+    assert got is wanted and got["0.weight"] == "kept"  # only the module's own entries are filled
+    assert torch.equal(got["1.weight"], reference["1.weight"]) and torch.equal(got["1.bias"], reference["1.bias"])
+    assert got["1.weight"].device.type == "cpu" and model[1].weight.device.type == "meta"  # offloaded again

@@ -16,6 +16,7 @@ from x_bigmodel.devices.device_moves import find_device
 from x_bigmodel.dispatch.align_attach import (
     align_module_device,
     attach_align_device_hook,
+    get_state_dict_from_offload,
     get_state_dict_offloaded_model,
     has_offloaded_params,
 )
@@ -106,6 +107,7 @@ __all__ = [
     "get_max_memory",
     "get_module_size_with_ties",
     "get_non_persistent_buffers",
+    "get_state_dict_from_offload",
     "get_state_dict_offloaded_model",
     "has_offloaded_params",
     "infer_auto_device_map",

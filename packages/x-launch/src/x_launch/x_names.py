@@ -165,6 +165,7 @@ BIGMODEL = frozenset(
         "get_max_memory",
         "get_module_size_with_ties",
         "get_non_persistent_buffers",
+        "get_state_dict_from_offload",
         "get_state_dict_offloaded_model",
         "has_offloaded_params",
         "infer_auto_device_map",

@@ -25,6 +25,7 @@ from x_bigmodel.offload.offload_files import PrefixedDataset
 __all__ = [
     "align_module_device",
     "attach_align_device_hook",
+    "get_state_dict_from_offload",
     "get_state_dict_offloaded_model",
     "has_offloaded_params",
 ]
@@ -153,3 +154,28 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
     if missing:
         raise ValueError(f"{missing[0]} is on the meta device and no offloading hook holds its value")
     return {name: result[name] for name in order}
+
+
+def get_state_dict_from_offload(
+    module: nn.Module,
+    module_name: str,
+    state_dict: dict[str, Any],
+    device_to_put_offload: int | str | torch.device = "cpu",
+) -> dict[str, Any]:
+    """``state_dict`` with the entries of ``module`` (named ``module_name``, e.g. ``"linear1.weight"``)
+    filled with its tensors: an offloaded module's read back onto ``device_to_put_offload``, another
+    module's as they are. Accelerate's helper behind ``get_state_dict_offloaded_model``.
+
+    Examples:
+        >>> layer = nn.Linear(2, 2)
+        >>> got = get_state_dict_from_offload(layer, "fc.weight", {"fc.weight": "placeholder", "fc.bias": None})
+        >>> [tuple(got[k].shape) for k in ("fc.weight", "fc.bias")]
+        [(2, 2), (2,)]
+    """
+    root = module_name[: module_name.rfind(".")]  # the module's own name, without ".weight"
+    device = device_to_put_offload if has_offloaded_params(module) else None
+    with align_module_device(module, device):
+        for key, tensor in module.state_dict().items():
+            if f"{root}.{key}" in state_dict:
+                state_dict[f"{root}.{key}"] = tensor
+    return state_dict
