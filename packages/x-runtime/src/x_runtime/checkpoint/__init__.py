@@ -1,11 +1,15 @@
 """Checkpoints: ``save_state``/``load_state`` folders.
 
 ``checkpointing`` writes and reads a whole checkpoint folder (the strategy writes model and
-optimizer files); ``naming`` picks the folder (automatic ``checkpoint_<n>`` naming, pruning).
+optimizer files), after ``staging`` has had the ranks claim and prepare its hidden folder;
+``background`` writes it in a thread per process for ``save_state(async_save=True)``, from the
+copy ``snapshot`` takes; ``accelerate_layout`` reads a folder Accelerate's ``save_state`` wrote;
+``parts`` is what both restore; ``naming`` picks the folder (automatic ``checkpoint_<n>`` naming, pruning).
 The files themselves are written by ``io`` (atomic writes, free space, torch and safetensors
 files) and the generators captured by ``core.random_state``; their names are re-exported here.
 """
 
+from x_runtime.checkpoint.accelerate_layout import load_accelerate_checkpoint, written_by_accelerate
 from x_runtime.checkpoint.checkpointing import (
     MANIFEST,
     CheckpointParts,
@@ -33,6 +37,7 @@ __all__ = [
     "DiskFullError",
     "capture_rng_state",
     "latest_checkpoint",
+    "load_accelerate_checkpoint",
     "load_checkpoint",
     "load_state_dict_files",
     "load_tensors_file",
@@ -49,4 +54,5 @@ __all__ = [
     "torch_load",
     "torch_save",
     "write_file_atomic",
+    "written_by_accelerate",
 ]

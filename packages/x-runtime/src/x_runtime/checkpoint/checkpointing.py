@@ -14,7 +14,8 @@ Layout of a checkpoint folder (the names tell what each file holds):
     x_checkpoint.json                               written last: what the folder holds
 
 ``.bin`` files are ``torch.save`` output read back with ``weights_only=True``: loading a
-checkpoint never runs pickled code. The folder is assembled under a hidden name, flushed, and
+checkpoint never runs pickled code. A folder Accelerate's ``save_state`` wrote (no manifest, its
+own file names) is read by ``accelerate_layout``. The folder is assembled under a hidden name, flushed, and
 renamed into place by the main process, so a crash mid-save leaves the previous checkpoint whole.
 """
 
@@ -24,74 +25,37 @@ import json
 import logging
 import re
 import shutil
-import socket
-import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-
+from x_runtime.checkpoint.accelerate_layout import load_accelerate_checkpoint, written_by_accelerate
+from x_runtime.checkpoint.parts import MANIFEST, CheckpointParts, numbered
+from x_runtime.checkpoint.staging import TOKEN, agree, open_staging
 from x_runtime.core.random_state import capture_rng_state, restore_rng_state
-from x_runtime.io.atomic import partial_dir_for, replace_dir, write_file_atomic
-from x_runtime.io.disk_space import (
-    DiskFullError,
-    disk_full_while_saving,
-    measure_room,
-    out_of_space_errno,
-    refuse_if_short,
-    tensor_bytes,
-)
+from x_runtime.io.atomic import replace_dir, write_file_atomic
 from x_runtime.io.files import torch_load, torch_save
-from x_runtime.process.collectives import gather_object
 
 if TYPE_CHECKING:
     from x_runtime.process.state import ProcessState
-    from x_runtime.strategies.base import Strategy
 
 __all__ = [
     "MANIFEST",
     "CheckpointParts",
     "automatic_checkpoints",
+    "finish_folder",
     "latest_checkpoint",
     "load_checkpoint",
     "prune_checkpoints",
     "resolve_checkpoint",
     "save_checkpoint",
+    "write_files",
 ]
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "x_checkpoint.json"
 FORMAT_VERSION = 1
 _AUTOMATIC = re.compile(r"checkpoint_(\d+)")
-
-
-@dataclass
-class CheckpointParts:
-    """The objects one accelerator saves and restores, in ``prepare`` order per kind."""
-
-    models: list[torch.nn.Module] = field(default_factory=list)  # unwrapped
-    optimizers: list[Any] = field(default_factory=list)
-    schedulers: list[Any] = field(default_factory=list)
-    dataloaders: list[Any] = field(default_factory=list)
-    custom: list[Any] = field(default_factory=list)
-    scaler: torch.amp.GradScaler | None = None
-    # Writes and reads the model and optimizer files; required (keyword-only, after the defaulted lists).
-    strategy: Strategy = field(kw_only=True)
-    # Given the folder being written (read), before any file: the models whose files to write (read).
-    before_save: Callable[[Path], list[torch.nn.Module]] | None = field(default=None, kw_only=True)
-    before_load: Callable[[Path], list[torch.nn.Module]] | None = field(default=None, kw_only=True)
-
-    def owner(self, optimizer: Any) -> torch.nn.Module | None:
-        """The model whose parameters ``optimizer`` updates (sharded strategies need the pair)."""
-        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        return next((m for m in self.models if any(id(p) in params for p in m.parameters())), None)
-
-
-def _name(stem: str, index: int, suffix: str) -> str:
-    return f"{stem}{suffix}" if index == 0 else f"{stem}_{index}{suffix}"
 
 
 def save_checkpoint(
@@ -108,95 +72,45 @@ def save_checkpoint(
     is refused on every rank, and a disk that fills anyway raises ``DiskFullError`` (folder, bytes
     needed, bytes free) instead of the writer's own error.
     """
-    target = Path(target)
-    partial = partial_dir_for(target)
-    needed = 0
-    owner = False
-
-    def agree(step: Callable[[], Any]) -> list[Any]:
-        def run() -> Any:
-            try:
-                return step()
-            except Exception as error:
-                if out_of_space_errno(error, partial) is None:
-                    raise
-                # One line for the user; the writer's own error stays reachable as __context__.
-                raise disk_full_while_saving(error, target=target, partial=partial, needed=needed) from None
-
-        return _agree(state, "save_state", run)
-
-    def claim(claimed: bool) -> None:
-        nonlocal owner
-        owner = claimed
-
+    staging = open_staging(target, parts, state)
     try:
-        _claim(target, partial, state, agree, claim)
-        mine = (lambda: tensor_bytes(parts.models, parts.optimizers)) if owner else (lambda: 0)
-        rooms = agree(lambda: measure_room(state.rank, target, partial, mine()))
-        refuse_if_short(rooms, state.rank)  # the same rooms everywhere: every rank decides alike
-        needed = sum(r.needed for r in rooms if r.filesystem == rooms[state.rank].filesystem)
         layouts: dict[str, Any] = {}
-        agree(lambda: _write_files(partial, parts, state, owner, layouts, safe_serialization))
-        agree(lambda: _finish(target, partial, parts, state, owner, layouts))
+        staging.agree(lambda: write_files(staging.partial, parts, state, staging.owner, layouts, safe_serialization))
+        staging.agree(lambda: finish_folder(staging.target, staging.partial, parts, state, staging.owner, layouts))
     except Exception:
-        if owner:  # every rank is past the failing collective: nobody writes here any more
-            shutil.rmtree(partial, ignore_errors=True)
+        staging.discard()  # every rank is past the failing collective: nobody writes here any more
         raise
-    return target
+    return staging.target
 
 
-def _claim(
-    target: Path,
-    partial: Path,
-    state: ProcessState,
-    agree: Callable[[Callable[[], Any]], list[Any]],
-    claim: Callable[[bool], None],
-) -> None:
-    """Decide which rank assembles each folder (``claim(True)`` there) and prepare it."""
-    token = uuid.uuid4().hex
-    # Round 1: the main process prepares its folder; everyone learns rank 0's token.
-    claim(state.is_main_process)
-    tokens = agree(lambda: _prepare(target, partial, token) if state.is_main_process else None)
-    token = tokens[0]
-    if not state.is_main_process:  # a folder rank 0 did not prepare is this rank's own (or its node's)
-        seen = _token_in(partial)
-        claims = agree(lambda: None if seen == token else f"{socket.gethostname()}:{target.resolve()}")
-        mine = claims[state.rank]
-        owner = mine is not None and claims.index(mine) == state.rank
-        claim(owner)
-        agree(lambda: _prepare(target, partial, token) if owner else None)
-    elif state.world_size > 1:
-        agree(lambda: None)
-        agree(lambda: None)
-
-
-def _write_files(
+def write_files(
     partial: Path, parts: CheckpointParts, state: ProcessState, owner: bool, layouts: dict, safe: bool
 ) -> None:
     if parts.before_save is not None:
         parts.models = parts.before_save(partial)
     io = parts.strategy
     layouts["models"] = [
-        io.save_model_files(partial, _name("model", i, ""), m, writer=owner, safe_serialization=safe)
+        io.save_model_files(partial, numbered("model", i, ""), m, writer=owner, safe_serialization=safe)
         for i, m in enumerate(parts.models)
     ]
     layouts["optimizers"] = [
-        io.save_optimizer_files(partial, _name("optimizer", i, ""), o, parts.owner(o), writer=owner)
+        io.save_optimizer_files(partial, numbered("optimizer", i, ""), o, parts.owner(o), writer=owner)
         for i, o in enumerate(parts.optimizers)
     ]
     if owner:
         for index, scheduler in enumerate(parts.schedulers):
-            torch_save(scheduler.state_dict(), partial / _name("scheduler", index, ".bin"))
+            torch_save(scheduler.state_dict(), partial / numbered("scheduler", index, ".bin"))
         if parts.scaler is not None:
             torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
         for index, obj in enumerate(parts.custom):
             torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.bin")
         loaders = [loader.state_dict() for loader in parts.dataloaders]
         write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
-    torch_save(capture_rng_state(), partial / f"random_states_{state.rank}.bin")
+    rng = parts.random_state if parts.random_state is not None else capture_rng_state()
+    torch_save(rng, partial / f"random_states_{state.rank}.bin")
 
 
-def _finish(
+def finish_folder(
     target: Path, partial: Path, parts: CheckpointParts, state: ProcessState, owner: bool, layouts: dict
 ) -> None:
     if not owner:
@@ -212,74 +126,9 @@ def _finish(
         "scaler": parts.scaler is not None,
         "layouts": layouts,
     }
-    (partial / _TOKEN).unlink(missing_ok=True)
+    (partial / TOKEN).unlink(missing_ok=True)
     write_file_atomic(partial / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1) + "\n"))
     replace_dir(partial, target)
-
-
-_TOKEN = ".x_save_token"
-
-
-def _prepare(target: Path, partial: Path, token: str) -> str:
-    _check_replaceable(target)
-    if partial.exists():
-        shutil.rmtree(partial)  # left by a save that crashed; never a complete checkpoint
-    partial.mkdir(parents=True)
-    (partial / _TOKEN).write_text(token)
-    return token
-
-
-def _token_in(partial: Path) -> str | None:
-    try:
-        return (partial / _TOKEN).read_text()
-    except OSError:
-        return None
-
-
-def _agree(state: ProcessState, op: str, step: Callable[[], Any]) -> list[Any]:
-    """Run ``step`` here, then learn every rank's outcome (one ``gather_object``, also a barrier).
-
-    Returns every rank's result; raises on every rank when ``step`` raised on any, naming the
-    ranks and their errors (this rank's own exception is chained): ``DiskFullError`` when every
-    failure was a full disk, else ``RuntimeError``.
-    """
-    failure: BaseException | None = None
-    try:
-        outcome: Any = ("ok", step(), False)
-    except Exception as error:  # reported to every rank below
-        failure = error
-        outcome = ("error", f"{type(error).__name__}: {error}", isinstance(error, DiskFullError))
-    outcomes = gather_object([outcome]) if state.world_size > 1 else [outcome]
-    failed = [(r, text, full) for r, (kind, text, full) in enumerate(outcomes) if kind == "error"]
-    if failed:
-        if state.world_size == 1 and failure is not None:
-            raise failure
-        if len(failed) == 1:
-            message = f"{op} failed on rank {failed[0][0]}: {failed[0][1]}"
-        else:
-            details = "; ".join(f"rank {r}: {text}" for r, text, _full in failed)
-            message = f"{op} failed on ranks {', '.join(str(r) for r, _text, _full in failed)}: {details}"
-        if all(full for _r, _text, full in failed):  # still an OSError(ENOSPC) on every rank
-            raise DiskFullError(message, **_amounts_of(failure)) from failure
-        raise RuntimeError(message) from failure
-    return [value for _kind, value, _full in outcomes]
-
-
-def _amounts_of(failure: BaseException | None) -> dict[str, Any]:
-    if isinstance(failure, DiskFullError):
-        return {"path": failure.path, "needed": failure.needed, "free": failure.free, "code": failure.errno}
-    return {}
-
-
-def _check_replaceable(target: Path) -> None:
-    # A save replaces only a checkpoint (or an empty folder): never a user's file or folder.
-    if target.exists() and not target.is_dir():
-        raise ValueError(f"cannot save a checkpoint to {target}: it is a file; save_state writes a folder")
-    if target.is_dir() and not (target / MANIFEST).is_file() and any(target.iterdir()):
-        raise ValueError(
-            f"cannot save a checkpoint to {target}: the folder holds files and is not a checkpoint "
-            f"(no {MANIFEST}); choose another folder, or empty it"
-        )
 
 
 def resolve_checkpoint(source: Path) -> Path:
@@ -302,10 +151,12 @@ def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *
     Every rank calls it (each may pass its own folder); when loading fails on any rank, every
     rank raises, naming it.
     """
-    return _agree(state, "load_state", lambda: _load(source, parts, state, strict))[state.rank]
+    return agree(state, "load_state", lambda: _load(source, parts, state, strict))[state.rank]
 
 
 def _load(source: Path, parts: CheckpointParts, state: ProcessState, strict: bool) -> Path:
+    if written_by_accelerate(Path(source)):  # Accelerate's files, no manifest: read its layout
+        return load_accelerate_checkpoint(Path(source), parts, state, strict)
     folder = resolve_checkpoint(source)
     if parts.before_load is not None:
         parts.models = parts.before_load(folder)
@@ -326,12 +177,12 @@ def _load(source: Path, parts: CheckpointParts, state: ProcessState, strict: boo
     layouts = manifest.get("layouts", {})
     for index, model in enumerate(parts.models):
         record = _record(layouts, "models", index)
-        io.load_model_files(folder, _name("model", index, ""), model, record, strict)
+        io.load_model_files(folder, numbered("model", index, ""), model, record, strict)
     for index, optimizer in enumerate(parts.optimizers):
         record = _record(layouts, "optimizers", index)
-        io.load_optimizer_files(folder, _name("optimizer", index, ""), optimizer, parts.owner(optimizer), record)
+        io.load_optimizer_files(folder, numbered("optimizer", index, ""), optimizer, parts.owner(optimizer), record)
     for index, scheduler in enumerate(parts.schedulers):
-        scheduler.load_state_dict(torch_load(folder / _name("scheduler", index, ".bin")))
+        scheduler.load_state_dict(torch_load(folder / numbered("scheduler", index, ".bin")))
     if parts.scaler is not None and (folder / "scaler.bin").is_file():
         parts.scaler.load_state_dict(torch_load(folder / "scaler.bin"))
     for index, obj in enumerate(parts.custom):
@@ -359,13 +210,13 @@ def _record(layouts: Mapping[str, Any], kind: str, index: int) -> dict[str, Any]
 
 
 def automatic_checkpoints(root: Path) -> list[tuple[int, Path]]:
-    """Complete ``checkpoint_<n>`` folders under ``root``, oldest first."""
+    """Complete ``checkpoint_<n>`` folders under ``root``, oldest first (Accelerate's count too)."""
     if not root.is_dir():
         return []
     found = []
     for path in root.iterdir():
         match = _AUTOMATIC.fullmatch(path.name)
-        if match and (path / MANIFEST).is_file():
+        if match and ((path / MANIFEST).is_file() or written_by_accelerate(path)):
             found.append((int(match.group(1)), path))
     return sorted(found)
 

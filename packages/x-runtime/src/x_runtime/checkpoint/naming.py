@@ -14,7 +14,7 @@ from pathlib import Path
 from x_runtime.checkpoint.checkpointing import latest_checkpoint, prune_checkpoints
 from x_runtime.core.configs import ProjectConfiguration
 
-__all__ = ["checkpoints_root", "load_source", "note_loaded", "note_saved", "save_target"]
+__all__ = ["checkpoints_root", "load_source", "note_loaded", "note_saved", "prune_saved", "save_target"]
 
 _PREFIX = "checkpoint_"
 
@@ -39,9 +39,14 @@ def save_target(config: ProjectConfiguration, output_dir: str | os.PathLike | No
 
 def note_saved(config: ProjectConfiguration, *, is_main_process: bool) -> None:
     """After a complete save: prune beyond ``total_limit`` (main process) and advance the iteration."""
+    prune_saved(config, is_main_process=is_main_process)
+    config.iteration += 1
+
+
+def prune_saved(config: ProjectConfiguration, *, is_main_process: bool) -> None:
+    """Remove automatic checkpoints beyond ``total_limit`` (main process; after a save is complete)."""
     if config.automatic_checkpoint_naming and config.total_limit is not None and is_main_process:
         prune_checkpoints(checkpoints_root(config), config.total_limit)
-    config.iteration += 1
 
 
 def load_source(config: ProjectConfiguration, input_dir: str | os.PathLike | None) -> Path:

@@ -1,0 +1,90 @@
+"""The pickles Accelerate's ``save_state`` writes, read without running pickled code.
+
+Accelerate writes ``random_states_<rank>.pkl`` with ``torch.save``: a dict of the step, Python's
+``random`` state (a tuple), NumPy's (a tuple holding a ``uint32`` array), torch's ``ByteTensor``
+states and, on XLA, an int. torch's safe loader (``weights_only=True``) already admits tensors,
+numbers, strings, tuples, lists and dicts; the few NumPy names an array needs to be rebuilt are
+admitted for this one read, and nothing else: a file naming any other callable (``os.system``
+in a tampered file) is refused before it is called, with one line naming it.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import pickle
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["load_accelerate_pickle", "numpy_globals"]
+
+# torch names the refused callable in one of these phrasings (it varies across torch versions).
+_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)")
+
+
+def numpy_globals() -> list[Any]:
+    """What rebuilds a NumPy array and its dtype (Accelerate's own ``TORCH_SAFE_GLOBALS``)."""
+    # codecs.encode: protocol-2 pickles (torch.save's) write an array's bytes through it.
+    allowed: list[Any] = [codecs.encode]
+    try:
+        import numpy
+    except ImportError:  # a file holding arrays is then refused, naming the NumPy global
+        return allowed
+    core = getattr(numpy, "_core", None) or numpy.core  # NumPy 2 renamed numpy.core
+    allowed += [core.multiarray._reconstruct, numpy.ndarray, numpy.dtype]
+    dtypes = getattr(numpy, "dtypes", None)  # NumPy >= 1.25 pickles a dtype through its class
+    if dtypes is not None:
+        allowed.append(dtypes.UInt32DType)
+    return allowed
+
+
+@contextlib.contextmanager
+def _admitted(extra: list[Any]) -> Iterator[None]:
+    # torch's allowlist is process-wide; put back exactly what was there before.
+    serialization: Any = torch.serialization
+    if hasattr(serialization, "safe_globals"):  # torch >= 2.5
+        with serialization.safe_globals(extra):
+            yield
+        return
+    before = serialization.get_safe_globals()
+    serialization.add_safe_globals(extra)
+    try:
+        yield
+    finally:
+        serialization.clear_safe_globals()
+        serialization.add_safe_globals(before)
+
+
+def load_accelerate_pickle(path: Path) -> Any:
+    """Read one of Accelerate's ``torch.save`` pickles (RNG states) on CPU, running no pickled code.
+
+    Raises:
+        pickle.UnpicklingError: the file names a callable Accelerate never stores there; the
+            message names the file and the callable, which was not called.
+
+    Examples:
+        >>> import random, tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "random_states_0.pkl"
+        >>> torch.save({"step": 3, "random_state": random.getstate()}, path)
+        >>> load_accelerate_pickle(path)["step"]
+        3
+    """
+    try:
+        with _admitted(numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        text = str(error)
+        found = _GLOBAL.search(text)
+        if found:
+            what = f"a call to {found.group(1)}"
+        else:  # e.g. a pickle torch.save never writes; torch's own reason, without its advice to run it
+            detail = text.split("WeightsUnpickler error:", 1)[-1].strip().splitlines()
+            what = f"pickled data torch's safe loader refuses ({detail[0] if detail else 'no detail'})"
+        raise pickle.UnpicklingError(
+            f"refused {path}: it holds {what}, which Accelerate never writes there (only tensors, NumPy arrays, "
+            "numbers, tuples and dicts); nothing in it was run. Was the file replaced?"
+        ) from None
