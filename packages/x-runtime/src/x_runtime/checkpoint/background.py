@@ -88,6 +88,9 @@ class PendingSave:
         except BaseException as error:  # kept for wait_save, which raises it on every rank
             self.error = staging.disk_full(error) if isinstance(error, Exception) else error
             if staging.owner:
+                # The others may still be writing into the folder: removing it under them would turn
+                # their write into a FileNotFoundError that hides this rank's real error.
+                self._wait_for_others_to_stop()
                 shutil.rmtree(partial, ignore_errors=True)
             else:
                 _touch_quietly(partial / _failed(staging.state.rank))
@@ -105,6 +108,16 @@ class PendingSave:
                     waiting.discard(rank)
             if waiting and self.abort.wait(_POLL_S):  # wait_save learnt that one of them failed
                 raise RuntimeError(f"ranks {sorted(waiting)} could not write their files into {partial}")
+
+    def _wait_for_others_to_stop(self) -> None:
+        """Until each other rank of the folder has written its files or given up (or wait_save aborts)."""
+        partial, waiting = self.staging.partial, set(self.others)
+        while waiting:
+            waiting = {
+                r for r in waiting if not (partial / _failed(r)).exists() and not (partial / _written(r)).exists()
+            }
+            if waiting and self.abort.wait(_POLL_S):
+                return
 
     def raise_error(self) -> None:
         if self.error is not None:
