@@ -8,16 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from x_launch.cli import main
-
 needs_tomllib = pytest.mark.skipif(sys.version_info < (3, 11), reason="tomllib is Python 3.11+")
-
-
-def migrate_write(capsys, path: Path) -> str:
-    with pytest.raises(SystemExit) as exc:
-        main(["migrate", "--write", str(path)])
-    assert exc.value.code in (0, None)
-    return capsys.readouterr().err
 
 
 def block_dependencies(text: str) -> list[str]:
@@ -47,10 +38,10 @@ from accelerate import Accelerator, init_empty_weights
 
 
 @needs_tomllib
-def test_accelerate_becomes_each_x_distribution_the_script_imports(capsys, tmp_path: Path) -> None:
+def test_accelerate_becomes_each_x_distribution_the_script_imports(migrate_write, tmp_path: Path) -> None:
     path = tmp_path / "train.py"
     path.write_text(ONE_PER_LINE)
-    assert migrate_write(capsys, path) == ""
+    assert migrate_write(path) == ""
     after = path.read_text()
     # The version goes (x's are its own), the marker stays, the deepspeed extra is x-runtime's too;
     # one per line, same indentation, the comment stays at the end of what replaced its line.
@@ -80,7 +71,9 @@ def test_accelerate_becomes_each_x_distribution_the_script_imports(capsys, tmp_p
 
 
 @needs_tomllib
-def test_inline_block_keeps_accelerate_for_a_name_x_lacks_and_lists_nothing_twice(capsys, tmp_path: Path) -> None:
+def test_inline_block_keeps_accelerate_for_a_name_x_lacks_and_lists_nothing_twice(
+    migrate_write, tmp_path: Path
+) -> None:
     path = tmp_path / "train.py"
     path.write_text(
         "# /// script\n"
@@ -89,7 +82,7 @@ def test_inline_block_keeps_accelerate_for_a_name_x_lacks_and_lists_nothing_twic
         "from accelerate import Accelerator, init_empty_weights\n"
         "from accelerate.utils import x_lacks_this_name\n"
     )
-    migrate_write(capsys, path)
+    migrate_write(path)
     after = path.read_text()
     assert after == (
         "# /// script\n"
@@ -103,13 +96,13 @@ def test_inline_block_keeps_accelerate_for_a_name_x_lacks_and_lists_nothing_twic
 
 
 @needs_tomllib
-def test_accelerate_already_covered_by_listed_x_distributions_goes(capsys, tmp_path: Path) -> None:
+def test_accelerate_already_covered_by_listed_x_distributions_goes(migrate_write, tmp_path: Path) -> None:
     path = tmp_path / "train.py"
     path.write_text(
         '# /// script\n# dependencies = ["x-runtime>=0.1", "accelerate_extras", "accelerate"]\n# ///\n'
         "import accelerate\n"
     )
-    migrate_write(capsys, path)
+    migrate_write(path)
     after = path.read_text()
     assert after == (
         '# /// script\n# dependencies = ["x-runtime>=0.1", "accelerate_extras"]\n# ///\nimport x_runtime as accelerate\n'
@@ -119,5 +112,5 @@ def test_accelerate_already_covered_by_listed_x_distributions_goes(capsys, tmp_p
     # A script importing nothing from x keeps its block: what it runs accelerate for is not ours.
     text = '# /// script\n# dependencies = ["accelerate"]\n# ///\nimport subprocess\n'
     path.write_text(text)
-    migrate_write(capsys, path)
+    migrate_write(path)
     assert path.read_text() == text

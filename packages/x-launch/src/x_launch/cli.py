@@ -313,11 +313,9 @@ def launch(
     if dry_run:
         click.echo(plan.describe())
         return
-    from x_launch.early_signals import EarlySignals
     from x_launch.run_process import run_plan
 
-    early = click.get_current_context().obj
-    sys.exit(run_plan(plan, early if isinstance(early, EarlySignals) else None))
+    sys.exit(run_plan(plan, click.get_current_context().obj))  # main's EarlySignals, or None
 
 
 def _value_options(command: click.Command) -> set[str]:

@@ -20,7 +20,7 @@ from typing import Any
 from x_common import env
 from x_common.fsdp_reshard import reshard_variables
 from x_common.kinds import Bool, BoolOrChoice, Choice, Float, GpuIds, Int, Str, StrList
-from x_launch import stall
+from x_launch import stall_settings
 from x_launch.option import Option, Setting, flag_spellings, option, rows_of
 
 __all__ = ["TABLE", "LaunchConfig", "Setting"]
@@ -167,9 +167,9 @@ class LaunchConfig(Mapping[str, Setting]):
         cli_help="In a SLURM batch job: after a preemption signal, once the ranks have saved and exited, "
         "requeue the job (scontrol requeue) and exit 0.",
     )
-    # the stall watchdog (x_launch.stall): settings of the launcher, the ranks only get its folder
-    stall_timeout: int = option(**stall.TIMEOUT_ROW)
-    stall_action: str = option(**stall.ACTION_ROW)
+    # the stall watchdog (x_launch.stall, its rows in stall_settings): settings of the launcher, the ranks only get its folder
+    stall_timeout: int = option(**stall_settings.TIMEOUT_ROW)
+    stall_action: str = option(**stall_settings.ACTION_ROW)
     # --- what the training processes get ----------------------------------------------------
     mixed_precision: str = option(
         env.MIXED_PRECISION.kind,

@@ -168,7 +168,9 @@ def migrate_with_notes(source: str, filename: str = "<source>") -> tuple[str, li
     for start, end, replacement in sorted(edits, reverse=True):
         data = data[:start] + replacement + data[end:]
     migrated = data.decode("utf-8")
-    return rewrite_script_metadata(migrated, imported_modules(migrated)), sorted(kept, key=lambda k: k.line)
+    if "# /// script" in migrated:  # parsing the result again only where a PEP 723 block may need it
+        migrated = rewrite_script_metadata(migrated, imported_modules(migrated))
+    return migrated, sorted(kept, key=lambda k: k.line)
 
 
 def _removal(data: bytes, line_start: int, end: int, indent: str) -> tuple[int, int, bytes]:

@@ -36,9 +36,9 @@ class Flag:
         return f"{filename}:{self.line}: {self.message}"
 
 
-def removed_names(source: str | ast.AST) -> list[Flag]:
-    """One ``Flag`` per use of ``DistributedType.TPU`` in ``source`` (text or parsed), by line."""
-    tree = ast.parse(source) if isinstance(source, str) else source
+def removed_names(source: str) -> list[Flag]:
+    """One ``Flag`` per use of ``DistributedType.TPU`` in ``source``, by line."""
+    tree = ast.parse(source)
     names = {"DistributedType"} | _aliases(tree)
     flags = []
     for node in ast.walk(tree):

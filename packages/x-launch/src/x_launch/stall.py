@@ -33,38 +33,16 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from x_common import env
-from x_common.kinds import Choice, Int
 from x_common.progress_record import Phase, Snapshot, read_record, stacks_path
-from x_launch.option import flag_spellings
 from x_launch.stacks import parse_dump
 from x_launch.stall_report import RankDump, describe_stall, stragglers
+from x_launch.stall_settings import ACTION_ROW, EXIT_CODE, TIMEOUT_ROW
 
 __all__ = ["ACTION_ROW", "EXIT_CODE", "TIMEOUT_ROW", "StallWatch"]
 
-EXIT_CODE = 124  # as timeout(1): the job ran out of time without progress
-DEFAULT_TIMEOUT = 900
-ACTIONS = ("stop", "report")
 _DUMP_WAIT_S = 5.0  # how long the ranks get to write their stacks
-
-# The two rows of the settings table (``launch_config``), declared here with what they steer.
-TIMEOUT_ROW: dict[str, Any] = {
-    "kind": Int(minimum=0),
-    "default": DEFAULT_TIMEOUT,
-    "doc": "seconds without progress on any rank before x-launch shows every rank's stack (0: off)",
-    "cli": flag_spellings("stall_timeout"),
-    "cli_help": "Seconds without progress on any rank (no backward, collective or optimizer step) before x-launch "
-    f"prints where every rank is, writes their stacks and stops the job (exit code {EXIT_CODE}); 0 turns the "
-    f"watchdog off. Default {DEFAULT_TIMEOUT}. Config key: stall_timeout.",
-}
-ACTION_ROW: dict[str, Any] = {
-    "kind": Choice(ACTIONS),
-    "default": "stop",
-    "doc": "after a stall report: stop the job, or report and keep waiting",
-    "cli": flag_spellings("stall_action"),
-}
 
 
 def _proc_status(pid: int) -> dict[str, str]:
@@ -152,9 +130,8 @@ class StallWatch:
                 stop()
                 return
 
-    def report(self, snapshots: list[Snapshot], *, stopping: bool | None = None) -> list[str]:
+    def report(self, snapshots: list[Snapshot], *, stopping: bool) -> list[str]:
         """Dump every rank's stacks, keep them in a folder, and the summary lines (prefixed)."""
-        stopping = self.action == "stop" if stopping is None else stopping
         dumps = self._dump([s for s in snapshots if s.phase is not Phase.EXITED])
         folder = self._keep(snapshots, dumps)
         body = describe_stall(snapshots, {rank: dump for rank, (dump, _) in dumps.items()})

@@ -74,7 +74,7 @@ def _pick_in_folder(folder: Path) -> Path:
     offloaded = _offload_storage(folder)
     # First the files no offload index names, then (an offload that reads the checkpoint in place
     # names the checkpoint itself) any.
-    for skip in (offloaded, set()):
+    for skip in (offloaded, set()) if offloaded else (set(),):
         for pattern in ("*.safetensors", *(f"*{s}" for s in _TORCH_SUFFIXES)):
             found = [p for p in sorted(folder.glob(pattern)) if str(p.resolve()) not in skip]
             if len(found) == 1:
@@ -97,9 +97,10 @@ def _offload_storage(folder: Path) -> set[str]:
     the same folder, save again): the offload's own ``<stem>.safetensors`` (written for a ``.bin``
     checkpoint) holds a few weights only and must not be taken for the checkpoint.
     """
+    # Read here, not with offload.read_offload_index: files/ sits below offload/ in the layers.
     try:
         index = json.loads((folder / "index.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # no offload index, or not one: nothing to leave out
         return set()
     if not isinstance(index, dict):
         return set()

@@ -28,6 +28,7 @@ from x_runtime.checkpoint.parts import MANIFEST, CheckpointParts, numbered
 from x_runtime.core.random_state import restore_rng_state
 from x_runtime.io.accelerate_pickles import load_accelerate_pickle
 from x_runtime.io.files import torch_load
+from x_runtime.process.distributed_type import SHARDED
 from x_runtime.strategies.defaults import check_shapes, load_full_weights
 
 if TYPE_CHECKING:
@@ -106,8 +107,8 @@ def _refuse_sharded(folder: Path, parts: CheckpointParts) -> None:
             f"{folder} is an Accelerate {found} checkpoint; x reads Accelerate's whole-weights layout (one "
             "process or DDP) only: resume it with Accelerate, or save it again with x"
         )
-    kind = getattr(parts.strategy.distributed_type, "value", parts.strategy.distributed_type)
-    if kind in ("FSDP", "DEEPSPEED"):
+    kind = parts.strategy.distributed_type
+    if kind in SHARDED:
         raise ValueError(
             f"{folder} holds Accelerate's whole-weights layout (one process or DDP), which x loads only without "
             f"{kind}: resume it without {kind}, then save_state"
@@ -159,10 +160,9 @@ def _load_model(folder: Path, index: int, model: torch.nn.Module, strategy: Any,
             f"{folder} (written by Accelerate) has no weights for model {index}: neither {safe.name} nor "
             f"{pickled.name} is there"
         )
-    load_device = getattr(strategy, "load_device", None)
-    device = load_device(model) if load_device is not None else torch.device("cpu")
     expected = model.state_dict()
-    weights = _named_as(load_full_weights(path, device=device), expected)
+    # Every strategy derives from StrategyDefaults, which gives load_device (the Protocol does not).
+    weights = _named_as(load_full_weights(path, device=strategy.load_device(model)), expected)
     check_shapes(path, weights, expected)
     model.load_state_dict(weights, strict=strict)
 

@@ -216,7 +216,7 @@ class ParallelismConfig:
 
         Accelerate's name, which libraries built on it call.
         """
-        dims = [dim for dim in MESH_ORDER if dim in self.active_mesh_dims]
+        dims = self._enabled(*MESH_ORDER)
         return tuple(dims), tuple(self._size(dim) for dim in dims)
 
     def build_device_mesh(self, device_type: str) -> Any:

@@ -29,11 +29,9 @@ _GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)")
 def numpy_globals() -> list[Any]:
     """What rebuilds a NumPy array and its dtype (Accelerate's own ``TORCH_SAFE_GLOBALS``)."""
     # codecs.encode: protocol-2 pickles (torch.save's) write an array's bytes through it.
+    import numpy  # an x-runtime dependency; imported only when such a file is read
+
     allowed: list[Any] = [codecs.encode]
-    try:
-        import numpy
-    except ImportError:  # a file holding arrays is then refused, naming the NumPy global
-        return allowed
     core = getattr(numpy, "_core", None) or numpy.core  # NumPy 2 renamed numpy.core
     allowed += [core.multiarray._reconstruct, numpy.ndarray, numpy.dtype]
     dtypes = getattr(numpy, "dtypes", None)  # NumPy >= 1.25 pickles a dtype through its class
