@@ -30,7 +30,7 @@ ARGUMENT_ERRORS = [
     (["--library_name", "keras"], "'keras' is not one of 'transformers', 'timm'."),
     (["--fits", "lots"], "Invalid value for '--fits': invalid size 'lots': accepted forms:"),
     (["--fits", "8b"], "'b' alone is bits, not a memory size"),
-    (["--num-gpus", "0"], "Invalid value for '--num-gpus': 0 is not in the range x>=1."),
+    (["--num-gpus", "0"], "Invalid value for '--num-gpus' / '--gpus': 0 is not in the range x>=1."),
     (["--seq-len", "0"], "Invalid value for '--seq-len': 0 is not in the range x>=1."),
     (["--frobnicate"], "--frobnicate"),
 ]

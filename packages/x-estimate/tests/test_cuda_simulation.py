@@ -107,3 +107,20 @@ def test_an_extrapolated_reserved_figure_keeps_the_allocators_overhead() -> None
     # A growing overhead (20, then 30) follows its line: 30 + 7 x 10 at ten blocks.
     growing = ExtrapolatedStep(step(100, 120), step(120, 150), 10)
     assert (growing.peak, growing.reserved) == (260, 360)
+
+
+def test_activation_checkpointing_recomputes_with_the_gpus_kernels(model_dir, configs, cli) -> None:
+    # The recomputation runs inside backward, outside the forward's kernel mode: it must switch the
+    # mode on again, or it saves other tensors than the forward did and torch.utils.checkpoint refuses.
+    folder = model_dir(configs.llama(num_attention_heads=4, num_key_value_heads=4, attention_dropout=0.1))
+    args = (folder, "--dtypes", "bfloat16", "--seq-len", "256", "--batch-size", "4", "--device", "cuda", "--json")
+    plain = cli(*args).json
+    ckpt = cli(*args, "--activation-checkpointing").json
+    assert not any("formulas, because" in n for n in ckpt["assumptions"]), ckpt["assumptions"]
+    plain_training, ckpt_training = plain["rows"][0]["training"], ckpt["rows"][0]["training"]
+    assert ckpt_training["method"] == "simulate"
+    assert ckpt_training["activation_peak_bytes"] < plain_training["activation_peak_bytes"]
+    # the recomputed blocks' SDPA calls are not counted again: one call per block, as without checkpointing
+    assert [n for n in ckpt["assumptions"] if "SDPA kernel" in n] == [
+        n for n in plain["assumptions"] if "SDPA kernel" in n
+    ]

@@ -131,6 +131,8 @@ def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
 )
 @click.option(
     "--num-gpus",
+    "--gpus",
+    "num_gpus",
     type=click.IntRange(min=1),
     default=1,
     show_default=True,
@@ -186,6 +188,13 @@ def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
 )
 @click.option("--fits", type=_Size(), help=f"Say which rows fit in this memory ({_SIZE_HELP}).")
 @click.option(
+    "--plan",
+    is_flag=True,
+    help="Find the cheapest training settings that fit --gpus GPUs of --gpu-memory each (precision, "
+    "micro-batch and accumulation, activation checkpointing, ZeRO/FSDP stage, CPU offload); needs --seq-len.",
+)
+@click.option("--gpu-memory", type=_Size(), help=f"Each GPU's memory for --plan ({_SIZE_HELP}).")
+@click.option(
     "--token",
     envvar=env.HF_TOKEN.name,
     help=f"Hugging Face token for gated or private repos (default: ${env.HF_TOKEN.name}).",
@@ -208,6 +217,7 @@ def _command(model: str, **kw: Any) -> None:
       x-estimate gpt2 --num-gpus 8 --shard zero3 --precision mixed-bf16 --json
       x-estimate ./my-model --seq-len 2048 --batch-size 4 --method formula
       x-estimate ./my-model --seq-len 2048 --device cuda
+      x-estimate meta-llama/Llama-3.1-8B --plan --gpus 8 --gpu-memory 80GiB --seq-len 8192 --batch-size 8
 
     With --seq-len the Training column is a simulated training step (fake tensors, no data).
     Every dashed option also takes its underscore spelling (--seq_len, --batch_size, ...).
@@ -216,8 +226,10 @@ def _command(model: str, **kw: Any) -> None:
 
     if kw["method"] == "simulate" and kw["seq_len"] is None:
         raise click.UsageError("--method simulate needs --seq-len (a step needs inputs); add --seq-len N")
+    if kw["plan"]:
+        _check_plan_options(kw)
     try:
-        _run(model, **kw)
+        (_run_plan if kw["plan"] else _run)(model, **kw)
     except Exception as exc:
         if kw["debug"]:
             raise
@@ -227,6 +239,29 @@ def _command(model: str, **kw: Any) -> None:
             first = str(exc).splitlines()[0] if str(exc) else ""
             click.echo(f"Error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)", err=True)
         sys.exit(1)
+
+
+def _check_plan_options(kw: dict[str, Any]) -> None:
+    if kw["seq_len"] is None:
+        raise click.UsageError("--plan needs --seq-len N: the tokens per sequence you train on")
+    if kw["gpu_memory"] is None and kw["fits"] is None:
+        raise click.UsageError("--plan needs --gpu-memory SIZE: each GPU's memory, e.g. 80GiB")
+    chosen = [
+        flag
+        for flag, given in (
+            ("--shard", kw["shard"] != "none"),
+            ("--activation-checkpointing", kw["activation_checkpointing"]),
+            ("--method formula", kw["method"] == "formula"),
+            ("--device cpu", kw["device"] == "cpu"),
+            ("--dtypes", bool(kw["dtypes"])),
+        )
+        if given
+    ]
+    if chosen:
+        raise click.UsageError(
+            f"--plan chooses what {', '.join(chosen)} would fix (it simulates CUDA steps of every setting); "
+            "drop it, or give --precision to fix the precision"
+        )
 
 
 def _summary(model: str, kw: dict[str, Any]) -> tuple[Any, str, Any, str | None]:
@@ -341,6 +376,14 @@ def _run(model: str, **kw: Any) -> None:
         raise EstimateError(f"cannot simulate the training step: {simulations.reason}; use --method formula")
     report = build_report(summary, name=model, origin=origin, options=options, simulations=simulations)
     click.echo(json.dumps(report.as_dict(), indent=2) if kw["as_json"] else report.as_text())
+
+
+def _run_plan(model: str, **kw: Any) -> None:
+    from x_estimate.plan_cli import run_plan
+
+    summary, origin, source, _ = _summary(model, kw)
+    _warn_long_sequence(source, kw["seq_len"])
+    click.echo(run_plan(model, summary, origin, source, kw))
 
 
 def main(argv: list[str] | None = None) -> None:

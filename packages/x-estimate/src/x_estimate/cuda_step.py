@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
 
 from x_estimate.caching_allocator import MIN_BLOCK, replay
+from x_estimate.simulate import PARTS  # simulate imports this module only inside its functions
 
-__all__ = ["CUBLAS_WORKSPACE", "WORKSPACES", "CudaStep"]
+__all__ = ["CUBLAS_WORKSPACE", "WORKSPACES", "CudaStep", "Event", "device_reserved"]
 
 CUBLAS_WORKSPACE = 32 << 20  # per (thread, stream), sm90's default
 WORKSPACES = 2  # the forward's thread and autograd's backward thread
@@ -50,6 +52,16 @@ class CudaStep:
         self._kernels = CudaKernels()
         return self._kernels
 
+    @property
+    def recompute_context(self) -> Any:
+        """For activation checkpointing: a factory of the kernels' mode for each recomputed block
+        (its calls are not counted again), or None on the CPU."""
+        if not self.enabled:
+            return None
+        from x_estimate.cuda_kernels import CudaKernels
+
+        return CudaKernels
+
     def allocate_workspaces(self, ledger: Any) -> None:
         """Two cuBLAS workspaces, live before the step as they are from a loop's first step on."""
         if not self.enabled:
@@ -70,15 +82,41 @@ class CudaStep:
             out.append("SDPA kernel: " + ", ".join(f"{name} ({n} calls)" for name, n in sorted(counts.items())))
         return out
 
-    def reserved(self, events: list[tuple[int, Any, str]]) -> int | None:
+    def reserved(self, events: list[Event]) -> int | None:
         """The caching allocator's reserved bytes after two steps; None when not simulating CUDA."""
         if not self.enabled:
             return None
-        return replay(*_first_and_later_steps(events)).reserved
+        return device_reserved(events)
+
+
+_TEMPORARIES, _OPTIMIZER_STATE = PARTS.index("temporaries"), PARTS.index("optimizer_state")
+# (+1 allocated / -1 freed, the allocation's key, bytes, phase, index of its part in simulate.PARTS)
+Event = tuple[int, int, int, str, int]
+
+
+def device_reserved(
+    events: list[Event], divisors: Sequence[int] = (), skip_phases: Collection[str] = (), extra: int = 0
+) -> int:
+    """Reserved bytes after two steps of one device that holds a share of each part.
+
+    ``divisors``: per part (``simulate.PARTS`` order), the devices each tensor of it is divided
+    over (FSDP and ZeRO shard every parameter and its state), 0 for a part not on the device
+    (offloaded); ``skip_phases``: phases whose allocations happen elsewhere (an optimizer step
+    on the CPU); ``extra``: one more block held throughout (a gathered unit).
+    """
+    skipped = {key for sign, key, _, phase, _ in events if sign > 0 and phase in skip_phases}
+    shared: list[tuple[int, int, int, str]] = [(1, -1, extra, "setup")] if extra else []
+    for sign, key, nbytes, phase, part in events:
+        if part == _TEMPORARIES and phase == "optimizer":
+            part = _OPTIMIZER_STATE  # a sharded optimizer steps its shard: its temporaries shrink with it
+        divisor = divisors[part] if part < len(divisors) else 1
+        if divisor and key not in skipped:
+            shared.append((sign, key, -(-nbytes // divisor), phase))
+    return replay(*_first_and_later_steps(shared)).reserved
 
 
 def _first_and_later_steps(
-    events: list[tuple[int, Any, str]],
+    flat: list[tuple[int, int, int, str]],
 ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
     """The events of a loop's start as a real one runs them, and of its second step.
 
@@ -88,7 +126,6 @@ def _first_and_later_steps(
     and workspaces, the step with the state allocated where its optimizer phase begins, then
     the step again.
     """
-    flat = [(sign, a.key, a.nbytes, phase) for sign, a, phase in events]
     start = next((i for i, e in enumerate(flat) if e[3] in ("inputs", "forward")), len(flat))
     setup = [e for e in flat[:start] if e[3] != "optimizer"]
     primed = [e for e in flat[:start] if e[3] == "optimizer"]

@@ -9,8 +9,11 @@ least memory any single device must have free.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
-__all__ = ["largest_unit", "placement_units"]
+from x_common.module_sizes import sizes_of
+
+__all__ = ["largest_unit", "largest_unit_parameters", "placement_units"]
 
 
 def _parent(name: str) -> str:
@@ -66,3 +69,18 @@ def largest_unit(sizes: dict[str, int], units: list[str]) -> tuple[str, int]:
         if size > best_size:
             best_name, best_size = name, size
     return best_name, max(best_size, 0)
+
+
+def largest_unit_parameters(summary: Any) -> tuple[str, int]:
+    """(name, parameter count) of a ``ModelSummary``'s largest unit (by float32 bytes), the one
+    ZeRO-3 / FSDP gather whole."""
+    names = [n for t in summary.tensors for n in t.names]
+    units = placement_units(summary.modules, names, summary.no_split)
+    unit, _ = largest_unit(sizes_of(summary.tensors, "float32"), units)
+    prefix = unit + "."
+    count = sum(
+        t.numel
+        for t in summary.tensors
+        if t.is_parameter and any(not unit or n == unit or n.startswith(prefix) for n in t.names)
+    )
+    return unit, count

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from x_estimate.caching_allocator import ROUND_LARGE
 from x_estimate.training import TrainingMemory
 
 __all__ = ["PeakFigures", "formula_peak", "shard_divisors", "simulated_peak"]
@@ -73,7 +74,13 @@ def simulated_peak(step: Any, training: TrainingMemory, *, gathered_weight_bytes
     extra = gathered_weight_bytes if training.shard in ("zero3", "fsdp") else 0
     peak, parts, steady = step.sharded(divisors, extra_weights=0)
     parts = {**parts, "master": 0, "gathered_layer": extra}
-    return PeakFigures("simulate", peak + extra, parts, steady + extra, None, list(step.notes), step.activation_peak)
+    # The gathered unit as its own segment (rounded as the allocator rounds a large one), beside the
+    # replayed shards: the same figure whether the step is fresh or from the simulation cache.
+    base = step.device_reserved(divisors)
+    reserved = None if base is None else base + -(-extra // ROUND_LARGE) * ROUND_LARGE
+    return PeakFigures(
+        "simulate", peak + extra, parts, steady + extra, None, list(step.notes), step.activation_peak, reserved
+    )
 
 
 def formula_peak(training: TrainingMemory, activations: int | None) -> PeakFigures:

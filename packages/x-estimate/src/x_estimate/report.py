@@ -8,7 +8,7 @@ from typing import Any
 from x_common.module_sizes import sizes_of
 from x_common.sizes import format_size
 from x_estimate.inference import activation_bytes, kv_cache_bytes
-from x_estimate.layers import largest_unit, placement_units
+from x_estimate.layers import largest_unit, largest_unit_parameters, placement_units
 from x_estimate.peak import PeakFigures, formula_peak, simulated_peak
 from x_estimate.quantized import quantized_sizes
 from x_estimate.simulated_rows import Simulations
@@ -218,23 +218,13 @@ def row_precisions(options: Options) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _unit_parameters(summary: ModelSummary, unit: str) -> int:
-    prefix = unit + "."
-    return sum(
-        t.numel
-        for t in summary.tensors
-        if t.is_parameter and any(not unit or n == unit or n.startswith(prefix) for n in t.names)
-    )
-
-
 def build_report(
     summary: ModelSummary, *, name: str, origin: str, options: Options, simulations: Simulations | None = None
 ) -> Report:
     """Rows for every requested dtype, from the model's summary and, when given, simulated steps."""
     names = [n for t in summary.tensors for n in t.names]
     units = placement_units(summary.modules, names, summary.no_split)
-    unit_name, _ = largest_unit(sizes_of(summary.tensors, "float32"), units)
-    unit_params = _unit_parameters(summary, unit_name)
+    _, unit_params = largest_unit_parameters(summary)
     shape, can_generate = summary.attention, summary.can_generate
     rows = []
     for dtype in options.dtypes:

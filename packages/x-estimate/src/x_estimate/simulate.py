@@ -23,7 +23,7 @@ workspaces, 512-byte blocks, and the caching allocator's reserved segments.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,7 @@ class SimulatedStep:
     notes: list[str] = field(default_factory=list)
     curve: list[tuple[int, int, str]] = field(default_factory=list, repr=False)  # (PARTS index, +/- bytes, phase)
     reserved: int | None = None  # device="cuda": the caching allocator's segments after a second step
+    events: list[Any] | None = field(default=None, repr=False)  # device="cuda": cuda_step.Event, in order
 
     @property
     def activation_peak(self) -> int:
@@ -64,35 +65,66 @@ class SimulatedStep:
                 best = max(best, live)
         return best
 
-    def sharded(self, divisors: dict[str, int], extra_weights: int = 0) -> tuple[int, dict[str, int], int]:
+    def sharded(
+        self, divisors: dict[str, int], extra_weights: int = 0, skip_phases: Collection[str] = ()
+    ) -> tuple[int, dict[str, int], int]:
         """(peak, breakdown at that peak, steady state) with some parts divided, ZeRO-style.
 
         The whole step is replayed with ``divisors`` applied, so the peak may move (from the
         optimizer step to the start of backward, say) as it would on each device.
-        ``extra_weights``: bytes every moment also holds (a gathered ZeRO-3 unit).
+        ``extra_weights``: bytes every moment also holds (a gathered ZeRO-3 unit);
+        ``skip_phases``: phases that run elsewhere (an offloaded optimizer step), not peaks here.
         """
         maxima, steady = self.phase_maxima(divisors)
+        maxima = {phase: m for phase, m in maxima.items() if phase not in skip_phases}
         best = max(maxima.values(), key=lambda m: m[0], default=(0, dict.fromkeys(PARTS, 0)))
         parts = dict(best[1])
         parts["weights"] += extra_weights
         return best[0] + extra_weights, parts, steady + extra_weights
 
+    def device_reserved(
+        self, divisors: dict[str, int], extra_weights: int = 0, skip_phases: Collection[str] = ()
+    ) -> int | None:
+        """A CUDA step's reserved bytes on one device under ``sharded``'s arguments; None on CPU."""
+        from x_estimate.cuda_step import device_reserved
+
+        if self.events is None:
+            return None
+        return device_reserved(self.events, [divisors.get(p, 1) for p in PARTS], skip_phases, extra_weights)
+
     def phase_maxima(self, divisors: dict[str, int]) -> tuple[dict[str, tuple[int, dict[str, int]]], int]:
-        """The largest moment of each phase, {phase: (bytes, breakdown)}, and the steady state."""
-        div = [divisors.get(part, 1) for part in PARTS]
-        live = [0] * len(PARTS)
+        """The largest moment of each phase, {phase: (bytes, breakdown)}, and the steady state.
+
+        A divisor of 0 takes the part off the device (offloaded to the CPU). The optimizer
+        step's temporaries are divided as its state is: a sharded optimizer steps its shard.
+        """
+        # One more bucket: the optimizer step's temporaries, folded into "temporaries" at the end.
+        div = [divisors.get(part, 1) for part in PARTS] + [divisors.get("optimizer_state", 1)]
+        live = [0] * len(div)
         maxima: dict[str, tuple[int, list[int]]] = {}
         for index, delta, phase in self.curve:
-            live[index] += delta
+            live[_OPTIMIZER_TEMPS if index == _TEMPS and phase == "optimizer" else index] += delta
             if delta > 0:
-                total = sum(-(-v // d) for v, d in zip(live, div, strict=True))
+                total = sum(_share(v, d) for v, d in zip(live, div, strict=True))
                 if total > maxima.get(phase, (-1, None))[0]:
                     maxima[phase] = (total, list(live))
-        out = {
-            phase: (total, {p: -(-v // d) for p, v, d in zip(PARTS, at, div, strict=True)})
-            for phase, (total, at) in maxima.items()
-        }
-        return out, sum(-(-v // d) for v, d in zip(live, div, strict=True))
+        out = {phase: (total, _breakdown(at, div)) for phase, (total, at) in maxima.items()}
+        return out, sum(_share(v, d) for v, d in zip(live, div, strict=True))
+
+
+_TEMPS = PARTS.index("temporaries")
+_OPTIMIZER_TEMPS = len(PARTS)
+
+
+def _breakdown(live: list[int], div: list[int]) -> dict[str, int]:
+    parts = {p: _share(v, d) for p, v, d in zip(PARTS, live, div, strict=False)}
+    parts["temporaries"] += _share(live[_OPTIMIZER_TEMPS], div[_OPTIMIZER_TEMPS])
+    return parts
+
+
+def _share(nbytes: int, divisor: int) -> int:
+    """One device's bytes of a part divided over ``divisor`` devices; 0: the part is not on the device."""
+    return -(-nbytes // divisor) if divisor else 0
 
 
 def _fake_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -188,8 +220,33 @@ def simulate_training(
         checkpointing=checkpointing, attn_implementation=attn_implementation, free_outputs=free_outputs,
         device=device,
     )  # fmt: skip
-    with _quiet():
+    with _quiet(), _unpacked_inputs():
         return _simulate(model, config, extrapolate, kwargs)
+
+
+@contextlib.contextmanager
+def _unpacked_inputs() -> Any:
+    """Tell transformers the step's sequences are not packed, as ``step_inputs`` builds them.
+
+    Without a KV cache (training under checkpointing sets ``use_cache=False``) transformers looks
+    for packed sequences in the position ids, which a fake tensor cannot show; it then builds an
+    explicit S x S mask, and SDPA leaves flash attention for it. A real run reads the ids and
+    passes no mask.
+    """
+    try:
+        from transformers import masking_utils
+    except ImportError:  # an older transformers, without packed-sequence detection
+        yield
+        return
+    found = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if found is None:
+        yield
+        return
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = found
 
 
 @contextlib.contextmanager
@@ -219,15 +276,27 @@ def _simulate(model: torch.nn.Module, config: Any, extrapolate: bool, kwargs: di
     parent, name = stack
     blocks, count = parent._modules[name], config.num_hidden_layers
     assert isinstance(blocks, torch.nn.ModuleList)  # uniform_stack only names a ModuleList
-    steps = []
+    steps: list[SimulatedStep] = []
     try:
-        for k in (2, 3):
+        for k in (2, 3, 4):
+            if k == 4 and not _overhead_grows(steps):
+                break
             parent._modules[name] = torch.nn.ModuleList(list(blocks)[:k])
             config.num_hidden_layers = k
             steps.append(_simulate_whole(model, config, **kwargs))
     finally:
         parent._modules[name], config.num_hidden_layers = blocks, count
-    return ExtrapolatedStep(steps[0], steps[1], count, list(steps[1].notes))
+    four = steps[2] if len(steps) > 2 else None
+    return ExtrapolatedStep(steps[0], steps[1], count, list(steps[1].notes), four)
+
+
+def _overhead_grows(steps: list[SimulatedStep]) -> bool:
+    """Whether a CUDA step's allocator overhead (reserved - peak) grew from two blocks to three:
+    its growth per block is then measured from three to four (see ``ExtrapolatedStep``)."""
+    two, three = steps
+    if two.reserved is None or three.reserved is None:
+        return False
+    return three.reserved - three.peak > two.reserved - two.peak
 
 
 def _simulate_whole(
@@ -268,7 +337,7 @@ def _simulate_whole(
             cuda.allocate_workspaces(ledger)
             model.train()
             if checkpointing:
-                _enable_checkpointing(model)
+                _enable_checkpointing(model, cuda.recompute_context)
             inputs: StepInputs = step_inputs(model, config, batch_size=batch_size, seq_len=seq_len)
             params = [p for p in model.parameters() if p.requires_grad]
             opt = _make_optimizer(optimizer, params, device)
@@ -294,13 +363,16 @@ def _simulate_whole(
                 disable()
     vocab = _vocab(model, config)
     index = {part: i for i, part in enumerate(PARTS)}
-    curve = [(index[_categorize(a, keys, vocab)], sign * a.nbytes, phase) for sign, a, phase in events]
+    flat = [(sign, a.key, a.nbytes, phase, index[_categorize(a, keys, vocab)]) for sign, a, phase in events]
+    curve = [(part, sign * nbytes, phase) for sign, _, nbytes, phase, part in flat]
     at_peak = dict.fromkeys(PARTS, 0)
     for alloc in peak_allocs:
         at_peak[_categorize(alloc, keys, vocab)] += alloc.nbytes
     notes = [*inputs.notes, *cuda.notes()]
-    reserved = cuda.reserved(events)
-    return SimulatedStep(ledger.peak, at_peak, steady, _phase_at(peak_allocs), notes, curve, reserved)
+    reserved = cuda.reserved(flat)
+    return SimulatedStep(
+        ledger.peak, at_peak, steady, _phase_at(peak_allocs), notes, curve, reserved, flat if cuda.enabled else None
+    )
 
 
 def _prime(
@@ -374,12 +446,16 @@ def _vocab(model: torch.nn.Module, config: Any) -> int | None:
     return vocab if isinstance(vocab, int) and vocab > 0 else None
 
 
-def _enable_checkpointing(model: torch.nn.Module) -> None:
+def _enable_checkpointing(model: torch.nn.Module, recompute_context: Callable[[], Any] | None = None) -> None:
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise SimulationError(f"{type(model).__name__} does not support gradient checkpointing")
     # Non-reentrant: the variant PyTorch recommends, and the one that works with frozen inputs.
     # transformers 5 renamed gradient_checkpointing_enable and its keyword.
-    ckpt = {"use_reentrant": False}
+    ckpt: dict[str, Any] = {"use_reentrant": False}
+    if recompute_context is not None:
+        # The recomputation runs inside backward, where the forward's function modes are not
+        # active: it must run the same kernels, or it saves other tensors and checkpoint refuses.
+        ckpt["context_fn"] = lambda: (contextlib.nullcontext(), recompute_context())
     if callable(enable := getattr(model, "activation_checkpointing_enable", None)):
         enable(activation_checkpointing_kwargs=ckpt)
     elif callable(enable := getattr(model, "gradient_checkpointing_enable", None)):

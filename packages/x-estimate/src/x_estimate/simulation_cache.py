@@ -23,7 +23,7 @@ from x_estimate.simulated_rows import Simulations
 
 __all__ = ["CachedStep", "load_simulations", "save_simulations", "simulation_key"]
 
-FORMAT = 3  # 2: the step keeps the model's outputs alive through backward unless free_outputs; 3: device
+FORMAT = 4  # 2: outputs alive through backward unless free_outputs; 3: device; 4: reserved per device when sharded
 
 
 @dataclass(frozen=True)
@@ -38,10 +38,14 @@ class CachedStep:
     sharded_figures: list[Any]  # [peak, parts, steady] under the key's sharding, before extra weights
     notes: list[str] = field(default_factory=list)
     reserved: int | None = None
+    sharded_reserved: int | None = None  # reserved on one device under the key's sharding, with its gathered unit
 
     def sharded(self, divisors: dict[str, int], extra_weights: int = 0) -> tuple[int, dict[str, int], int]:
         peak, parts, steady = self.sharded_figures
         return peak + extra_weights, {**parts, "weights": parts["weights"] + extra_weights}, steady + extra_weights
+
+    def device_reserved(self, divisors: dict[str, int], extra_weights: int = 0) -> int | None:
+        return self.sharded_reserved
 
 
 def _path(key: str) -> Path:
@@ -92,6 +96,7 @@ def save_simulations(key: str, simulations: Simulations, options: Any) -> None:
             "sharded_figures": list(step.sharded(divisors)),
             "notes": list(step.notes),
             "reserved": getattr(step, "reserved", None),
+            "sharded_reserved": step.device_reserved(divisors) if divisors else getattr(step, "reserved", None),
         }
     path = _path(key)
     with contextlib.suppress(OSError):

@@ -77,7 +77,12 @@ def training_notes(options: Any, rows: list[Any], simulations: Any) -> list[str]
                 "autocast's casts, native dropout, AdamW's foreach step, cuBLAS workspaces, 512-byte blocks. "
                 "Reserved (CUDA): the caching allocator's segments after a second step, from a model of the "
                 "allocator (rounding, 2 MiB / 20 MiB segments, best fit, splits); --fits compares it"
-                + ("; not given per device under sharding" if options.shard != "none" and options.num_gpus > 1 else "")
+                + (
+                    "; per device under sharding: the step's allocations replayed at their shard's size, the "
+                    "optimizer step's temporaries divided as its state, a gathered unit as one more segment"
+                    if options.shard != "none" and options.num_gpus > 1
+                    else ""
+                )
                 + "."
             )
         for note in dict.fromkeys(n for r in simulated for n in r.peak.notes):
