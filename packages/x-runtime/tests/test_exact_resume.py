@@ -21,6 +21,8 @@ The in-process tests below pin each mechanism on one loader.
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,9 +44,23 @@ def matrix(request, tmp_path_factory, launch) -> tuple[list[dict], list[dict]]:
     for mode in ("full", "resume"):
         out = root / mode
         out.mkdir()
-        launch("exact_resume_worker.py", processes, str(out), str(root / "ckpt"), mode)
+        try:
+            launch("exact_resume_worker.py", processes, str(out), str(root / "ckpt"), mode)
+        except (AssertionError, subprocess.TimeoutExpired) as failure:
+            raise AssertionError(f"{mode} launch failed: {failure}{_stacks(out)}") from None
         found.append([json.loads((out / f"rank{rank}.json").read_text()) for rank in range(processes)])
     return found[0], found[1]
+
+
+def _stacks(out: Path, lines: int = 80) -> str:
+    """The end of each rank's ``stacks-rank<N>.txt``: its last steps, and its stack if it hung or was ended."""
+    parts = []
+    for path in sorted(out.glob("stacks-rank*.txt")):
+        text = path.read_text(errors="replace").strip().splitlines()
+        parts.append(f"\n--- {path.name} (last {lines} lines) ---\n" + "\n".join(text[-lines:]))
+        if any(" child " in line and ": python," in line for line in text):  # see note_children
+            parts.append("\n(a DataLoader worker never got past fork: CPython < 3.12's python/cpython#112275)")
+    return "".join(parts) or f"\n(no stack files in {out})"
 
 
 @pytest.mark.parametrize("point", POINTS)

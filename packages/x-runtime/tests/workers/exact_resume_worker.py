@@ -15,20 +15,29 @@ from __future__ import annotations
 
 import faulthandler
 import itertools
+import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
+from typing import IO
 
 import torch
-from _helpers import Counter, report
+from _helpers import Counter, rank, report
 from torch.utils.data import DataLoader, TensorDataset
 
 from x_runtime import Accelerator, DataLoaderConfiguration, set_seed
 
 EPOCHS = 3
+# Seconds; a whole launch takes well under 15 on two cores (a loop hunting a hang sets less).
+HANG_AFTER = float(os.environ.get("EXACT_RESUME_HANG_AFTER", "150"))
 PATHS = ("stateful", "skip")
 WORKERS = (0, 2)
 SHUFFLES = ("seedable", "generator", "global")
 POINTS = ("between", "mid", "last")
+_STACKS: list[IO[str]] = []  # this rank's stack file (dump_stacks_on_hang), kept open for faulthandler
+_T0 = time.monotonic()
 
 
 def cases() -> list[tuple[str, int, str]]:
@@ -68,10 +77,12 @@ def train(case: tuple[str, int, str], root: Path, point: str | None) -> dict:
     if point is not None:
         accelerator.load_state(str(folder / point))
     start_epoch, skip = divmod(counter.steps, per_epoch)
+    note(f"{folder.name}@{point or 'full'}: {per_epoch} batches/epoch, from step {counter.steps}")
     for epoch in range(start_epoch, EPOCHS):
         resuming = path == "skip" and epoch == start_epoch and skip
         for x, y in accelerator.skip_first_batches(loader, skip) if resuming else loader:
             done = counter.steps
+            note(f"  epoch {epoch} step {done}")
             loss = torch.nn.functional.mse_loss(net(x), y)
             accelerator.backward(loss)
             opt.step()
@@ -81,15 +92,62 @@ def train(case: tuple[str, int, str], root: Path, point: str | None) -> dict:
                 accelerator.save_state(str(folder / saves[done]))
         if point is None and epoch == 0:
             accelerator.save_state(str(folder / "between"))
+    note(f"  done: {counter.steps} steps")
     weights = torch.cat([p.detach().flatten() for p in accelerator.unwrap_model(net).parameters()])
     return {"weights": weights.tolist(), "steps": counter.steps}
 
 
+def note(text: str) -> None:
+    """A progress line in this rank's stack file: where each rank got to, next to where it stopped."""
+    for stacks in _STACKS:
+        stacks.write(f"{time.monotonic() - _T0:7.1f}s {text}\n")
+        stacks.flush()  # before faulthandler writes to the same descriptor
+
+
+def note_children() -> None:
+    """A line per child process (DataLoader workers): one still named ``python`` never got past fork.
+
+    torch names a worker ``pt_data_worker`` as its loop starts. On CPython < 3.12 a fork can
+    deadlock the child inside ``os.fork`` (python/cpython#112275: another thread, here one of
+    gloo's, was creating a Python thread state at that instant), and its rank waits for its batch
+    forever while the other rank waits in DDP's all-reduce.
+    """
+    me = os.getpid()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1]) != me:
+                continue
+            name, waits = (proc / "comm").read_text().strip(), (proc / "wchan").read_text()
+        except (OSError, ValueError, IndexError):
+            continue
+        note(f"child {proc.name}: {name}, waiting in {waits}")
+
+
+def dump_stacks_on_hang(out: Path) -> None:
+    """A stuck rank (a fork under gloo's threads, a collective one rank missed) writes where it is.
+
+    Every rank writes to ``OUT/stacks-rank<RANK>.txt`` (the test prints the files when a launch
+    fails) a line per case and step (``note``), then its threads' stacks: after ``HANG_AFTER``
+    seconds (with its child processes just before, ``note_children``), exiting; or when torchrun
+    ends it with SIGTERM because another rank exited first (that rank's stack used to be lost).
+    Two ranks' last lines show a step-count mismatch; a stack in the same place on both, a slow
+    run rather than a stuck one.
+    """
+    stacks = open(out / f"stacks-rank{rank()}.txt", "w")  # noqa: SIM115 - open for faulthandler until exit
+    _STACKS.append(stacks)
+    faulthandler.dump_traceback_later(HANG_AFTER, exit=True, file=stacks)
+    children = threading.Timer(max(HANG_AFTER - 3, 0), note_children)  # just before the stacks
+    children.daemon = True
+    children.start()
+    faulthandler.register(signal.SIGTERM, file=stacks, all_threads=True, chain=True)
+    # A forked DataLoader worker has no timer thread; its SIGTERM (a shutdown) stays the default.
+    os.register_at_fork(after_in_child=lambda: faulthandler.unregister(signal.SIGTERM))
+
+
 def main() -> None:
-    # A stuck rank (a fork under gloo's threads, a collective one rank missed) prints where it is.
-    faulthandler.dump_traceback_later(150, exit=True)
-    torch.set_num_threads(1)
     root, mode = Path(sys.argv[2]), sys.argv[3]
+    dump_stacks_on_hang(Path(sys.argv[1]))
+    torch.set_num_threads(1)
     found = {}
     for case in cases():
         name = "-".join(map(str, case))
