@@ -227,7 +227,9 @@ def _command(model: str, **kw: Any) -> None:
     if kw["method"] == "simulate" and kw["seq_len"] is None:
         raise click.UsageError("--method simulate needs --seq-len (a step needs inputs); add --seq-len N")
     if kw["plan"]:
-        _check_plan_options(kw)
+        from x_estimate.plan_cli import check_plan_options
+
+        check_plan_options(kw)
     try:
         (_run_plan if kw["plan"] else _run)(model, **kw)
     except Exception as exc:
@@ -239,29 +241,6 @@ def _command(model: str, **kw: Any) -> None:
             first = str(exc).splitlines()[0] if str(exc) else ""
             click.echo(f"Error: {type(exc).__name__}: {first} (rerun with --debug for the traceback)", err=True)
         sys.exit(1)
-
-
-def _check_plan_options(kw: dict[str, Any]) -> None:
-    if kw["seq_len"] is None:
-        raise click.UsageError("--plan needs --seq-len N: the tokens per sequence you train on")
-    if kw["gpu_memory"] is None and kw["fits"] is None:
-        raise click.UsageError("--plan needs --gpu-memory SIZE: each GPU's memory, e.g. 80GiB")
-    chosen = [
-        flag
-        for flag, given in (
-            ("--shard", kw["shard"] != "none"),
-            ("--activation-checkpointing", kw["activation_checkpointing"]),
-            ("--method formula", kw["method"] == "formula"),
-            ("--device cpu", kw["device"] == "cpu"),
-            ("--dtypes", bool(kw["dtypes"])),
-        )
-        if given
-    ]
-    if chosen:
-        raise click.UsageError(
-            f"--plan chooses what {', '.join(chosen)} would fix (it simulates CUDA steps of every setting); "
-            "drop it, or give --precision to fix the precision"
-        )
 
 
 def _summary(model: str, kw: dict[str, Any]) -> tuple[Any, str, Any, str | None]:

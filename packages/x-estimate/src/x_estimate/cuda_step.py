@@ -27,7 +27,6 @@ from typing import Any
 import torch
 
 from x_estimate.caching_allocator import MIN_BLOCK, replay
-from x_estimate.simulate import PARTS  # simulate imports this module only inside its functions
 
 __all__ = ["CUBLAS_WORKSPACE", "WORKSPACES", "CudaStep", "Event", "device_reserved"]
 
@@ -89,26 +88,31 @@ class CudaStep:
         return device_reserved(events)
 
 
-_TEMPORARIES, _OPTIMIZER_STATE = PARTS.index("temporaries"), PARTS.index("optimizer_state")
 # (+1 allocated / -1 freed, the allocation's key, bytes, phase, index of its part in simulate.PARTS)
 Event = tuple[int, int, int, str, int]
 
 
 def device_reserved(
-    events: list[Event], divisors: Sequence[int] = (), skip_phases: Collection[str] = (), extra: int = 0
+    events: list[Event],
+    divisors: Sequence[int] = (),
+    skip_phases: Collection[str] = (),
+    extra: int = 0,
+    optimizer_parts: tuple[int, int] | None = None,
 ) -> int:
     """Reserved bytes after two steps of one device that holds a share of each part.
 
-    ``divisors``: per part (``simulate.PARTS`` order), the devices each tensor of it is divided
+    ``divisors``: per part (the events' part index), the devices each tensor of it is divided
     over (FSDP and ZeRO shard every parameter and its state), 0 for a part not on the device
     (offloaded); ``skip_phases``: phases whose allocations happen elsewhere (an optimizer step
-    on the CPU); ``extra``: one more block held throughout (a gathered unit).
+    on the CPU); ``extra``: one more block held throughout (a gathered unit);
+    ``optimizer_parts``: (temporaries, optimizer state) indices: the optimizer step's
+    temporaries are divided as its state (a sharded optimizer steps its shard).
     """
     skipped = {key for sign, key, _, phase, _ in events if sign > 0 and phase in skip_phases}
     shared: list[tuple[int, int, int, str]] = [(1, -1, extra, "setup")] if extra else []
     for sign, key, nbytes, phase, part in events:
-        if part == _TEMPORARIES and phase == "optimizer":
-            part = _OPTIMIZER_STATE  # a sharded optimizer steps its shard: its temporaries shrink with it
+        if optimizer_parts is not None and part == optimizer_parts[0] and phase == "optimizer":
+            part = optimizer_parts[1]
         divisor = divisors[part] if part < len(divisors) else 1
         if divisor and key not in skipped:
             shared.append((sign, key, -(-nbytes // divisor), phase))

@@ -5,11 +5,37 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import click
+
 from x_common.sizes import format_size
 from x_estimate.plan import MARGIN, Plan, make_plan
 from x_estimate.plan_report import plan_dict, plan_text
 
-__all__ = ["run_plan"]
+__all__ = ["check_plan_options", "run_plan"]
+
+
+def check_plan_options(kw: dict[str, Any]) -> None:
+    """Refuse, as a usage error, what --plan lacks or would have to override."""
+    if kw["seq_len"] is None:
+        raise click.UsageError("--plan needs --seq-len N: the tokens per sequence you train on")
+    if kw["gpu_memory"] is None and kw["fits"] is None:
+        raise click.UsageError("--plan needs --gpu-memory SIZE: each GPU's memory, e.g. 80GiB")
+    chosen = [
+        flag
+        for flag, given in (
+            ("--shard", kw["shard"] != "none"),
+            ("--activation-checkpointing", kw["activation_checkpointing"]),
+            ("--method formula", kw["method"] == "formula"),
+            ("--device cpu", kw["device"] == "cpu"),
+            ("--dtypes", bool(kw["dtypes"])),
+        )
+        if given
+    ]
+    if chosen:
+        raise click.UsageError(
+            f"--plan chooses what {', '.join(chosen)} would fix (it simulates CUDA steps of every setting); "
+            "drop it, or give --precision to fix the precision"
+        )
 
 
 def run_plan(model: str, summary: Any, origin: str, source: Any, kw: dict[str, Any]) -> str:
