@@ -90,7 +90,7 @@ def test_adafactor_factors_matrices_and_keeps_vectors_whole() -> None:
     ],
 )
 def test_sharding_over_four_devices(shard, weights, gradients, state, gathered) -> None:
-    t = training_memory([MATRIX], shard=shard, num_devices=4, largest_unit_params=5000)
+    t = training_memory([MATRIX], shard=shard, num_devices=4, gathered_params=5000)
     assert (t.weights, t.gradients, t.optimizer_state, t.master, t.gathered_layer) == (
         weights,
         gradients,
@@ -104,16 +104,16 @@ def test_sharding_over_four_devices(shard, weights, gradients, state, gathered) 
 def test_master_copy_divides_from_zero1_and_gathered_layer_is_in_the_weight_dtype() -> None:
     z1 = training_memory([MATRIX], precision="mixed-bf16", shard="zero1", num_devices=8)
     assert (z1.weights, z1.gradients, z1.master, z1.optimizer_state) == (2 * P, 2 * P, 4 * P // 8, 8 * P // 8)
-    z3 = training_memory([MATRIX], precision="mixed-bf16", shard="zero3", num_devices=8, largest_unit_params=1000)
+    z3 = training_memory([MATRIX], precision="mixed-bf16", shard="zero3", num_devices=8, gathered_params=1000)
     assert (z3.weights, z3.gradients, z3.master, z3.gathered_layer) == (2 * P // 8, 2 * P // 8, P // 2, 2 * 1000)
 
 
 def test_one_device_or_no_sharding_divides_nothing() -> None:
-    alone = training_memory([MATRIX], shard="zero3", num_devices=1, largest_unit_params=5000)
+    alone = training_memory([MATRIX], shard="zero3", num_devices=1, gathered_params=5000)
     plain = training_memory([MATRIX])
     assert alone.total == plain.total == 16 * P
     assert alone.gathered_layer == 0
-    ddp = training_memory([MATRIX], shard="none", num_devices=8, largest_unit_params=5000)
+    ddp = training_memory([MATRIX], shard="none", num_devices=8, gathered_params=5000)
     assert ddp.total == 16 * P
 
 
@@ -198,9 +198,9 @@ def test_cli_sharded_training_header_and_breakdown(model_dir, configs, cli) -> N
     n = 172_288
     block = 2 * 64 + 64 * 192 + 192 + 64 * 64 + 64 + 2 * 64 + 64 * 256 + 256 + 256 * 64 + 64  # one GPT2Block
     assert (t["weights"], t["gradients"], t["optimizer_state"]) == (n, n, 2 * n)
-    # The largest unit is the tied wte (1000 x 64), larger than a GPT2Block: it is gathered whole.
-    assert block < 1000 * 64
-    assert t["gathered_layer"] == 1000 * 64 * 4
+    # Gathered at the peak: the root unit (the tied wte once, wpe, ln_f) and one GPT2Block.
+    root = 1000 * 64 + 128 * 64 + 2 * 64
+    assert t["gathered_layer"] == (root + block) * 4
     text = cli(folder, "--num-gpus", "4", "--shard", "zero3", "--dtypes", "float32").out
     assert "| Training (adamw, per device, zero3 over 4) |" in text
-    assert "+ gathered layer 250.00 KiB = " in text
+    assert "+ gathered layer 477.75 KiB = " in text

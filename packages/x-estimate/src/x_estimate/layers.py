@@ -3,7 +3,8 @@
 A module whose class is in the model's ``_no_split_modules`` is never cut across devices
 (a transformer block, BERT's embeddings); elsewhere each leaf module, and each tensor held
 directly by a non-leaf module, can be placed on its own. The largest of these units is the
-least memory any single device must have free.
+least memory any single device must have free. ``gathered_parameters`` answers the sharded
+question instead: what a ZeRO-3 / FSDP device holds gathered whole at its peak.
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from x_common.module_sizes import sizes_of
-
-__all__ = ["largest_unit", "largest_unit_parameters", "placement_units"]
+__all__ = ["gathered_parameters", "largest_unit", "placement_units"]
 
 
 def _parent(name: str) -> str:
@@ -71,16 +70,35 @@ def largest_unit(sizes: dict[str, int], units: list[str]) -> tuple[str, int]:
     return best_name, max(best_size, 0)
 
 
-def largest_unit_parameters(summary: Any) -> tuple[str, int]:
-    """(name, parameter count) of a ``ModelSummary``'s largest unit (by float32 bytes), the one
-    ZeRO-3 / FSDP gather whole."""
-    names = [n for t in summary.tensors for n in t.names]
-    units = placement_units(summary.modules, names, summary.no_split)
-    unit, _ = largest_unit(sizes_of(summary.tensors, "float32"), units)
-    prefix = unit + "."
-    count = sum(
-        t.numel
-        for t in summary.tensors
-        if t.is_parameter and any(not unit or n == unit or n.startswith(prefix) for n in t.names)
-    )
-    return unit, count
+def gathered_parameters(summary: Any) -> tuple[str, int]:
+    """(what, parameter count) a ZeRO-3 / FSDP device holds gathered whole at its peak.
+
+    FSDP wraps each block (a class in the model's ``_no_split_modules``, Accelerate's default
+    wrapping) and then the root, which holds every parameter outside the blocks (embeddings, the
+    final norm, the head; a tied weight once). The root is not resharded between forward and
+    backward, and as backward starts the last block's parameters are gathered again: the root
+    unit and one block are live at the usual peak (measured on a real FSDP2 step,
+    tests/test_shard_accuracy.py). A model without such blocks is one unit, gathered whole.
+    """
+    blocks = [name for name, cls in summary.modules.items() if name and cls in set(summary.no_split)]
+    prefixes = tuple(name + "." for name in blocks)
+
+    def block_of(tensor_name: str) -> str | None:
+        return next((b for b, p in zip(blocks, prefixes, strict=True) if tensor_name.startswith(p)), None)
+
+    root = 0
+    per_block: dict[str, int] = {}
+    for t in summary.tensors:
+        if not t.is_parameter:
+            continue
+        homes = {block_of(n) for n in t.names}
+        if None in homes:
+            root += t.numel  # outside every block (a weight tied into a block is the root's too)
+        else:
+            home = min(h for h in homes if h is not None)
+            per_block[home] = per_block.get(home, 0) + t.numel
+    if not per_block:
+        return "the whole model", root
+    largest = max(per_block.values())
+    what = f"the root unit ({root:,} parameters outside the blocks) and one block ({largest:,})"
+    return what, root + largest

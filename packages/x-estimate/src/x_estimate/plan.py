@@ -188,8 +188,8 @@ def make_plan(
 
     ``simulate(precision, checkpointing, micro_batch)`` returns a CUDA ``SimulatedStep`` (or an
     ``ExtrapolatedStep``); ``tensors`` are the model's (``ModelSummary.tensors``), for the
-    sharded parts' formulas and the offload's host memory; ``unit_params``: parameters of the
-    largest unit zero3 gathers.
+    sharded parts' formulas and the offload's host memory; ``unit_params``: parameters a zero3
+    device holds gathered at once (``layers.gathered_parameters``).
     """
     steps = _Steps(simulate)
     micro_batches = sorted(_divisors(batch_size), reverse=True)
@@ -206,7 +206,7 @@ def make_plan(
             optimizer=optimizer,
             num_devices=gpus,
             shard=stage,
-            largest_unit_params=unit_params,
+            gathered_params=unit_params,
         )
         step = steps.get(precision, checkpointing, micro)
         allocated, reserved, parts = _device_figures(step, setting, gpus, state, unit_params)

@@ -41,7 +41,7 @@ def check_plan_options(kw: dict[str, Any]) -> None:
 def run_plan(model: str, summary: Any, origin: str, source: Any, kw: dict[str, Any]) -> str:
     """The plan's table (or JSON) for ``model``; ``kw`` are the command's options."""
     from x_estimate.errors import EstimateError
-    from x_estimate.layers import largest_unit_parameters
+    from x_estimate.layers import gathered_parameters
     from x_estimate.simulation_error import SimulationError
     from x_estimate.source import resolve_source
 
@@ -72,7 +72,7 @@ def run_plan(model: str, summary: Any, origin: str, source: Any, kw: dict[str, A
         except SimulationError as exc:
             raise EstimateError(f"--plan simulates every setting, and this one cannot run: {exc}") from None
 
-    unit, unit_params = largest_unit_parameters(summary)
+    unit, unit_params = gathered_parameters(summary)
     precisions = ("mixed-bf16", "bf16") if kw["precision"] == "auto" else (kw["precision"],)
     plan = make_plan(
         summary.tensors,
@@ -107,7 +107,7 @@ def _notes(plan: Plan, kw: dict[str, Any], unit: str) -> list[str]:
         f"{plan.gpus} GPU{'s' if plan.gpus > 1 else ''} or moved to the CPU. A row fits when reserved leaves "
         f"{format_size(MARGIN)} free for the CUDA context and NCCL's buffers, which torch's allocator does not see.",
         "Sharding: zero1 divides the optimizer state, zero2 also the gradients, zero3 also the weights and gathers "
-        f"one unit at a time (the largest: {unit or '(whole model)'}); reserved replays the step's allocations at "
+        f"units as it computes them, holding {unit} at once; reserved replays the step's allocations at "
         "their shard's size through the allocator model, the optimizer step's temporaries divided as its state; "
         "communication buckets are not counted.",
         "mixed-bf16: autocast over float32 weights (16 bytes per parameter of state with AdamW); bf16: bfloat16 "

@@ -8,7 +8,7 @@ from typing import Any
 from x_common.module_sizes import sizes_of
 from x_common.sizes import format_size
 from x_estimate.inference import activation_bytes, kv_cache_bytes
-from x_estimate.layers import largest_unit, largest_unit_parameters, placement_units
+from x_estimate.layers import gathered_parameters, largest_unit, placement_units
 from x_estimate.peak import PeakFigures, formula_peak, simulated_peak
 from x_estimate.quantized import quantized_sizes
 from x_estimate.simulated_rows import Simulations
@@ -224,7 +224,7 @@ def build_report(
     """Rows for every requested dtype, from the model's summary and, when given, simulated steps."""
     names = [n for t in summary.tensors for n in t.names]
     units = placement_units(summary.modules, names, summary.no_split)
-    _, unit_params = largest_unit_parameters(summary)
+    _, unit_params = gathered_parameters(summary)
     shape, can_generate = summary.attention, summary.can_generate
     rows = []
     for dtype in options.dtypes:
@@ -245,7 +245,7 @@ def build_report(
                 optimizer=options.optimizer,
                 num_devices=options.num_gpus,
                 shard=options.shard,
-                largest_unit_params=unit_params,
+                gathered_params=unit_params,
             )
         row = Row(dtype, largest_name, largest, sizes[""], training, quantized_weights=quantized)
         if options.seq_len is not None and shape is not None:

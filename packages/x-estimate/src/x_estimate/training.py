@@ -19,7 +19,8 @@ a master copy: 4 + 4 + 8, the same 16 B/param.
 
 Sharding over ``N`` devices divides (ZeRO stage / FSDP): zero1 the optimizer state and master
 copy, zero2 also the gradients, zero3 and fsdp also the weights; zero3 and fsdp then gather one
-whole placement unit at a time, so each device also holds the largest unit in the weight dtype.
+unit at a time, and at the peak each device holds the root unit (what no block holds: embeddings,
+head) and one block gathered whole, in the weight dtype (``layers.gathered_parameters``).
 """
 
 from __future__ import annotations
@@ -97,12 +98,12 @@ def training_memory(
     optimizer: str = "adamw",
     num_devices: int = 1,
     shard: str = "none",
-    largest_unit_params: int = 0,
+    gathered_params: int = 0,
 ) -> TrainingMemory:
     """Per-device training memory of a model's ``tensors`` (weights, gradients, optimizer, master).
 
     Trainable parameters are those with ``requires_grad``; other parameters and buffers count
-    as weights only. ``largest_unit_params``: parameters of the largest placement unit,
+    as weights only. ``gathered_params``: parameters a device holds
     gathered whole under zero3/fsdp.
 
     Examples:
@@ -137,7 +138,7 @@ def training_memory(
     gathered = 0
     if shard in ("zero3", "fsdp"):
         weights = math.ceil(weights / n)
-        gathered = largest_unit_params * w_bytes if n > 1 else 0
+        gathered = gathered_params * w_bytes if n > 1 else 0
     return TrainingMemory(
         precision, optimizer, shard, num_devices, count, weights + buffers, gradients, state, master, gathered
     )
