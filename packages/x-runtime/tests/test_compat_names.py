@@ -128,6 +128,12 @@ def test_availability_checks_answer_as_accelerate_does_on_a_cpu_machine() -> Non
         assert isinstance(getattr(x_runtime, f"is_{name}_available")(), bool)
 
 
+@pytest.mark.parametrize("name", ["aim", "clearml", "comet_ml", "dvclive", "swanlab", "trackio", "tensorboard"])
+def test_tracker_availability_matches_accelerates(name: str) -> None:
+    accelerate_utils = pytest.importorskip("accelerate.utils")
+    assert getattr(x_runtime, f"is_{name}_available")() is bool(getattr(accelerate_utils, f"is_{name}_available")())
+
+
 def test_patch_environment_sets_upper_cased_variables_and_restores_them(monkeypatch) -> None:
     monkeypatch.setenv("X_PATCH_KEPT", "old")
     with patch_environment(x_patch_kept=1, x_patch_new="v"):
@@ -264,3 +270,53 @@ def test_accelerates_private_lists_of_prepared_objects_are_read_as_trainer_reads
     assert [batch[0].tolist() for batch in copy._dataloaders[0]] == [[i] for i in range(10)]
     accelerator.free_memory()
     assert (accelerator._models, accelerator._optimizers, accelerator._dataloaders) == ([], [], [])
+
+
+# --- FP8RecipeKwargs: Accelerate's deprecated fp8 recipe --------------------------------------------
+
+
+def test_fp8_recipe_kwargs_warns_and_is_the_te_recipe_by_default() -> None:
+    with pytest.warns(FutureWarning, match="FP8RecipeKwargs is deprecated") as caught:
+        recipe = x_runtime.FP8RecipeKwargs(fp8_format="E4M3")
+    assert caught[0].filename == __file__  # the warning points at the caller
+    assert isinstance(recipe, x_runtime.TERecipeKwargs)
+    assert (recipe.backend, recipe.fp8_format) == ("TE", "E4M3")
+    with pytest.warns(FutureWarning):
+        assert x_runtime.FP8RecipeKwargs(backend="te").backend == "TE"
+    with pytest.warns(FutureWarning):
+        Accelerator(cpu=True, kwargs_handlers=[x_runtime.FP8RecipeKwargs()])  # accepted as a TE recipe is
+    with pytest.warns(FutureWarning):
+        recipe = x_runtime.FP8RecipeKwargs()
+    with pytest.raises(ValueError, match=r"^TERecipeKwargs: x_runtime runs fp8 through torchao"):
+        Accelerator(cpu=True, mixed_precision="fp8", kwargs_handlers=[recipe])  # and refused under fp8 as it is
+
+
+def test_fp8_recipe_kwargs_refuses_ms_amp_in_one_line() -> None:
+    with (
+        pytest.warns(FutureWarning),
+        pytest.raises(ValueError, match=r"^FP8RecipeKwargs\(backend='msamp'\): x has no MS-AMP; "),
+    ):
+        x_runtime.FP8RecipeKwargs(backend="msamp")
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="`backend` must be 'TE' or 'MSAMP', got 'tpu'"):
+        x_runtime.FP8RecipeKwargs(backend="tpu")
+
+
+def test_fp8_recipe_kwargs_reads_its_backend_from_accelerates_variable(monkeypatch) -> None:
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "msamp")
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match=r"^FP8RecipeKwargs\(backend='msamp'\)"):
+        x_runtime.FP8RecipeKwargs()
+    with pytest.warns(FutureWarning):
+        assert x_runtime.FP8RecipeKwargs(backend="te").backend == "TE"  # an argument wins over the variable
+    monkeypatch.setenv("ACCELERATE_FP8_BACKEND", "te")
+    with pytest.warns(FutureWarning):
+        assert x_runtime.FP8RecipeKwargs().backend == "TE"
+
+
+def test_fp8_recipe_kwargs_has_accelerates_fields() -> None:
+    dataclasses = pytest.importorskip("accelerate.utils.dataclasses", reason="compares with Accelerate 1.15.0")
+    import dataclasses as dc
+
+    theirs = {field.name for field in dc.fields(dataclasses.FP8RecipeKwargs)}
+    ours = {field.name for field in dc.fields(x_runtime.FP8RecipeKwargs)}
+    # x's TERecipeKwargs has no MXFP8 block scaling switch (fp8 runs through torchao), so neither has this.
+    assert theirs - ours == {"use_mxfp8_block_scaling"} and ours <= theirs

@@ -108,7 +108,10 @@ def test_overwriting_warns_and_shadows_a_builtin(tmp_path: Path) -> None:
 
 def test_unknown_names_list_registered_ones() -> None:
     register_tracker_class(Recording)
-    with pytest.raises(ValueError, match=r"did you mean 'recording'\?.*mlflow, recording"):
+    with pytest.raises(
+        ValueError,
+        match=r"did you mean 'recording'\?.*mlflow, aim, comet_ml, clearml, dvclive, swanlab, trackio, recording",
+    ):
         filter_trackers("recordin")
 
 

@@ -45,10 +45,14 @@ def _fake_module(monkeypatch: pytest.MonkeyPatch, name: str, **attrs) -> types.M
     return module
 
 
+# The packages of every built-in tracker but TensorBoard.
+OPTIONAL_BACKENDS = ("wandb", "mlflow", "aim", "comet_ml", "clearml", "dvclive", "swanlab", "trackio")
+
+
 @pytest.fixture
 def no_optional_backends(monkeypatch: pytest.MonkeyPatch) -> None:
     # None in sys.modules makes both find_spec and import fail, whatever is installed.
-    for name in ("wandb", "mlflow"):
+    for name in OPTIONAL_BACKENDS:
         monkeypatch.setitem(sys.modules, name, None)
 
 
@@ -252,7 +256,8 @@ def test_filter_accepts_names_enums_instances_and_lists(tmp_path: Path) -> None:
 
 @needs_tensorboard
 def test_filter_all_means_every_installed_tracker(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(sys.modules, "mlflow", None)
+    for name in OPTIONAL_BACKENDS:
+        monkeypatch.setitem(sys.modules, name, None)
     _fake_module(monkeypatch, "wandb")
     custom = RecordingTracker()
     assert available_trackers() == [LoggerType.TENSORBOARD, LoggerType.WANDB]

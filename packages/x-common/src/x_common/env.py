@@ -231,6 +231,8 @@ HF_TOKEN = EnvVar("HF_TOKEN", Str(), None, "Hugging Face token for gated and pri
 XDG_CACHE_HOME = EnvVar("XDG_CACHE_HOME", Str(), None, "where per-user caches live (default ~/.cache)")
 XDG_CONFIG_HOME = EnvVar("XDG_CONFIG_HOME", Str(), None, "where per-user config files live (default ~/.config)")
 HF_HOME = EnvVar("HF_HOME", Str(), None, "Hugging Face's home; Accelerate keeps its config below it")
+# Accelerate's deprecated FP8RecipeKwargs reads its backend here when not given; no launcher writes it.
+ACCELERATE_FP8_BACKEND = EnvVar("ACCELERATE_FP8_BACKEND", Str(), None, "FP8RecipeKwargs' backend: te or msamp")
 
 # Accelerate's ParallelismConfig reads its sizes and handlers from these when a field is not given
 # (``accelerate launch --parallelism_config_*`` writes them); x's ParallelismConfig reads the same.

@@ -52,9 +52,10 @@ class TrackingMethods(AcceleratorFields):
         under torchrun (torch 2.13, its agent's store), so a later ``Accelerator`` in this
         process joins the existing group instead.
         """
+        # The trackers stay listed, finished, as Accelerate leaves them: scripts read their runs
+        # (accelerator.get_tracker("dvclive").tracker, a run's id or folder) after training.
         for tracker in self.trackers:
             tracker.finish()
-        self.trackers = []
         self.process_state.wait_for_everyone()
         self._prepared.clear()
         gc.collect()

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import enum
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
 from typing import Any
+
+from x_common import env
 
 __all__ = [
     "AORecipeKwargs",
@@ -20,6 +23,7 @@ __all__ = [
     "DDPCommunicationHookType",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",
+    "FP8RecipeKwargs",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "InitProcessGroupKwargs",
@@ -218,6 +222,46 @@ class TERecipeKwargs(KwargsHandler):
 
 
 @dataclass
+class FP8RecipeKwargs(TERecipeKwargs):
+    """Deprecated, as in Accelerate: an fp8 recipe whose ``backend`` picks Transformer Engine or MS-AMP.
+
+    Building one warns (``FutureWarning``). ``backend="te"`` (the default) is a ``TERecipeKwargs``
+    with the same fields, accepted and refused under fp8 as that one is; ``backend="msamp"`` is
+    refused here, since x has no MS-AMP. Without ``backend``, ``$ACCELERATE_FP8_BACKEND`` names it, as in
+    Accelerate. ``opt_level`` is MS-AMP's field, kept so configs load.
+    Use ``AORecipeKwargs`` (x's fp8 runs through torchao).
+
+    Raises:
+        ValueError: ``backend`` is "msamp", or neither "te" nor "msamp".
+
+    Examples:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore", FutureWarning)
+        ...     FP8RecipeKwargs(backend="te").backend
+        'TE'
+    """
+
+    opt_level: str | None = None
+    backend: str | None = None
+
+    def __post_init__(self) -> None:
+        warnings.warn(
+            "FP8RecipeKwargs is deprecated (Accelerate removes it in v2.0.0): use AORecipeKwargs "
+            "(x runs fp8 through torchao) or TERecipeKwargs",
+            FutureWarning,
+            stacklevel=3,
+        )
+        given = self.backend if self.backend is not None else env.ACCELERATE_FP8_BACKEND.read()
+        backend = "TE" if given is None else str(given).upper()
+        if backend == "MSAMP":
+            raise ValueError("FP8RecipeKwargs(backend='msamp'): x has no MS-AMP; use AORecipeKwargs() (torchao fp8)")
+        if backend != "TE":
+            raise ValueError(f"FP8RecipeKwargs: `backend` must be 'TE' or 'MSAMP', got {self.backend!r}")
+        self.backend = backend
+
+
+@dataclass
 class ProfileKwargs(KwargsHandler):
     """``torch.profiler.profile`` options for ``Accelerator.profile()``.
 
@@ -290,6 +334,7 @@ class Handlers:
             AutocastKwargs: "autocast",
             AORecipeKwargs: "fp8",
             TERecipeKwargs: "fp8",
+            FP8RecipeKwargs: "fp8",
             ProfileKwargs: "profile",
         }
         for handler in handlers or []:

@@ -17,8 +17,10 @@ import torch
 from x_runtime.core.environment import patch_environment
 
 __all__ = [
+    "is_aim_available",
     "is_bf16_available",
     "is_bnb_available",
+    "is_clearml_available",
     "is_comet_ml_available",
     "is_cuda_available",
     "is_datasets_available",
@@ -35,10 +37,12 @@ __all__ = [
     "is_pytest_available",
     "is_rocm_available",
     "is_sdaa_available",
+    "is_swanlab_available",
     "is_tensorboard_available",
     "is_torch_xla_available",
     "is_torchdata_available",
     "is_torchdata_stateful_dataloader_available",
+    "is_trackio_available",
     "is_transformers_available",
     "is_wandb_available",
     "is_xpu_available",
@@ -234,6 +238,25 @@ def is_comet_ml_available() -> bool:
 
 def is_dvclive_available() -> bool:
     return _installed("dvclive")
+
+
+def is_aim_available() -> bool:
+    """Aim 3 (the tracker's API; Aim 4 changed it), as Accelerate checks."""
+    from x_runtime.core.versions import compare_versions
+
+    return _installed("aim") and compare_versions("aim", "<", "4.0.0")
+
+
+def is_clearml_available() -> bool:
+    return _installed("clearml")
+
+
+def is_swanlab_available() -> bool:
+    return _installed("swanlab")
+
+
+def is_trackio_available() -> bool:
+    return _installed("trackio")
 
 
 def is_torchdata_available() -> bool:

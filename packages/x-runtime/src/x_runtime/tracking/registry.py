@@ -24,18 +24,30 @@ from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any
 
+from x_runtime.tracking.aim import AimTracker
 from x_runtime.tracking.base import GeneralTracker, _missing_attributes
+from x_runtime.tracking.clearml import ClearMLTracker
+from x_runtime.tracking.comet_ml import CometMLTracker
+from x_runtime.tracking.dvclive import DVCLiveTracker
 from x_runtime.tracking.mlflow import MLflowTracker
+from x_runtime.tracking.swanlab import SwanLabTracker
 from x_runtime.tracking.tensorboard import TensorBoardTracker
+from x_runtime.tracking.trackio import TrackioTracker
 from x_runtime.tracking.wandb import WandBTracker
 
 __all__ = [
     "LOGGER_TYPE_TO_CLASS",
+    "AimTracker",
+    "ClearMLTracker",
+    "CometMLTracker",
+    "DVCLiveTracker",
     "GeneralTracker",
     "LoggerType",
     "MLflowTracker",
+    "SwanLabTracker",
     "TensorBoardTracker",
     "TrackerSpec",
+    "TrackioTracker",
     "WandBTracker",
     "available_trackers",
     "build_trackers",
@@ -60,6 +72,12 @@ class LoggerType(str, Enum):
     TENSORBOARD = "tensorboard"
     WANDB = "wandb"
     MLFLOW = "mlflow"
+    AIM = "aim"
+    COMETML = "comet_ml"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+    TRACKIO = "trackio"
 
     def __str__(self) -> str:
         return self.value
@@ -70,6 +88,12 @@ _BUILTIN: dict[LoggerType, tuple[type[GeneralTracker], tuple[str, ...], str]] = 
     LoggerType.TENSORBOARD: (TensorBoardTracker, ("tensorboard", "tensorboardX"), "tensorboard"),
     LoggerType.WANDB: (WandBTracker, ("wandb",), "wandb"),
     LoggerType.MLFLOW: (MLflowTracker, ("mlflow",), "mlflow"),
+    LoggerType.AIM: (AimTracker, ("aim",), "aim"),
+    LoggerType.COMETML: (CometMLTracker, ("comet_ml",), "comet_ml"),
+    LoggerType.CLEARML: (ClearMLTracker, ("clearml",), "clearml"),
+    LoggerType.DVCLIVE: (DVCLiveTracker, ("dvclive",), "dvclive"),
+    LoggerType.SWANLAB: (SwanLabTracker, ("swanlab",), "swanlab"),
+    LoggerType.TRACKIO: (TrackioTracker, ("trackio",), "trackio"),
 }
 
 
@@ -156,7 +180,7 @@ def filter_trackers(
         log_with: A tracker name (built-in, or given to ``register_tracker_class``), ``LoggerType``,
             ``GeneralTracker`` instance, or a list of them. ``"all"`` adds every built-in tracker
             whose package is installed.
-        logging_dir: The directory for trackers that write local files (TensorBoard).
+        logging_dir: The directory for trackers that write local files (TensorBoard, Aim).
 
     Returns:
         The trackers in request order, without repeats: ``LoggerType`` members for built-in
@@ -244,7 +268,8 @@ def build_trackers(
 
     Args:
         log_with: As for ``filter_trackers``.
-        project_name: The run name (TensorBoard), project (wandb) or experiment (MLflow).
+        project_name: The run name (TensorBoard, Aim), project (wandb, Comet, ClearML, SwanLab,
+            trackio) or experiment (MLflow); DVCLive does not use it.
         logging_dir: Directory for trackers that write local files.
         init_kwargs: Per-tracker constructor keywords keyed by tracker name, e.g.
             ``{"tensorboard": {"flush_secs": 10}}``.
