@@ -12,9 +12,7 @@ except torch's process group.
 
 from __future__ import annotations
 
-import atexit
 import os
-import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -203,7 +201,7 @@ class Accelerator(
         self._load_state_hooks = OrderedDict()
         self._trigger = False
         # At exit only (not when this object is collected: another accelerator may use the group).
-        atexit.register(release_at_exit, weakref.ref(self._prepared), process)
+        release_at_exit.add(self._prepared, process)
 
     # --- where this process is (Accelerate's names over state and configs) --------------------
     device = Forward("state", "device")
