@@ -20,7 +20,7 @@ from typing import Any
 from x_estimate.caching_allocator import ROUND_LARGE
 from x_estimate.training import TrainingMemory
 
-__all__ = ["PeakFigures", "formula_peak", "shard_divisors", "simulated_peak"]
+__all__ = ["PeakFigures", "formula_peak", "gathered_bytes", "gathered_segment", "shard_divisors", "simulated_peak"]
 
 _DIVIDED = {
     "zero1": ("optimizer_state",),
@@ -77,10 +77,20 @@ def simulated_peak(step: Any, training: TrainingMemory, *, gathered_weight_bytes
     # The gathered unit as its own segment (rounded as the allocator rounds a large one), beside the
     # replayed shards: the same figure whether the step is fresh or from the simulation cache.
     base = step.device_reserved(divisors)
-    reserved = None if base is None else base + -(-extra // ROUND_LARGE) * ROUND_LARGE
+    reserved = None if base is None else base + gathered_segment(extra)
     return PeakFigures(
         "simulate", peak + extra, parts, steady + extra, None, list(step.notes), step.activation_peak, reserved
     )
+
+
+def gathered_bytes(params: int, precision: str) -> int:
+    """Bytes of ``params`` gathered whole: the step's weight dtype (float32 under autocast)."""
+    return params * (2 if precision == "bf16" else 4)
+
+
+def gathered_segment(nbytes: int) -> int:
+    """The segment the allocator reserves for a gathered block of ``nbytes`` (rounded as a large one)."""
+    return -(-nbytes // ROUND_LARGE) * ROUND_LARGE
 
 
 def formula_peak(training: TrainingMemory, activations: int | None) -> PeakFigures:

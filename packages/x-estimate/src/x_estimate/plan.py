@@ -34,8 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from x_estimate.caching_allocator import ROUND_LARGE
-from x_estimate.peak import shard_divisors
+from x_estimate.peak import gathered_bytes, gathered_segment, shard_divisors
 from x_estimate.training import TrainingMemory, training_memory
 
 __all__ = ["MARGIN", "OFFLOADS", "Plan", "PlanRow", "Setting", "make_plan"]
@@ -142,7 +141,7 @@ def _device_figures(
     n = gpus
     if setting.offload == "none":
         divisors = shard_divisors(setting.shard, n)
-        extra = unit_params * (2 if state.precision == "bf16" else 4) if setting.shard == "zero3" and n > 1 else 0
+        extra = gathered_bytes(unit_params, state.precision) if setting.shard == "zero3" and n > 1 else 0
         skip: tuple[str, ...] = ()
     else:
         # Autocast's float32 weights and gradients become DeepSpeed's 16-bit copies on the GPU,
@@ -158,7 +157,7 @@ def _device_figures(
             extra = 2 * unit_params * 2
     peak, parts, _ = step.sharded(divisors, extra, skip)
     # As peak.simulated_peak counts it: the gathered unit is one more segment beside the shards.
-    reserved = step.device_reserved(divisors, 0, skip) + -(-extra // ROUND_LARGE) * ROUND_LARGE
+    reserved = step.device_reserved(divisors, 0, skip) + gathered_segment(extra)
     return peak, reserved, {**parts, "gathered_layer": extra}
 
 

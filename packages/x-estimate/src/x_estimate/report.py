@@ -9,7 +9,7 @@ from x_common.module_sizes import sizes_of
 from x_common.sizes import format_size
 from x_estimate.inference import activation_bytes, kv_cache_bytes
 from x_estimate.layers import gathered_parameters, largest_unit, placement_units
-from x_estimate.peak import PeakFigures, formula_peak, simulated_peak
+from x_estimate.peak import PeakFigures, formula_peak, gathered_bytes, simulated_peak
 from x_estimate.quantized import quantized_sizes
 from x_estimate.simulated_rows import Simulations
 from x_estimate.summary import ModelSummary
@@ -278,7 +278,7 @@ def _peak(
 ) -> PeakFigures:
     step = simulations.steps.get(precision) if simulations is not None else None
     if step is not None:
-        return simulated_peak(step, training, gathered_weight_bytes=unit_params * (2 if precision == "bf16" else 4))
+        return simulated_peak(step, training, gathered_weight_bytes=gathered_bytes(unit_params, precision))
     acts = row.activations_checkpointed if options.activation_checkpointing else row.activations
     return formula_peak(training, acts if options.seq_len is not None else None)
 
