@@ -47,6 +47,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "accelerator",  # the facade and Accelerate's state views
         "launchers",
         "utils",  # Accelerate's accelerate.utils names, re-exported
+        "provide",  # the served `accelerate` modules: tables naming the layers below (and x-bigmodel, x-launch)
     ),
     "x_bigmodel": ("devices", "planning", "files", "offload", "loading", "dispatch", "transformers"),
 }

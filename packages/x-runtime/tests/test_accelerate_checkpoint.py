@@ -103,11 +103,6 @@ def test_x_resumes_accelerate_folder_to_accelerate_weights(resumed) -> None:
         assert x_err.count("written by Accelerate") == 1  # one line, from the main process only
 
 
-@pytest.mark.xfail(
-    reason="use_seedable_sampler=True: Accelerate seeds its SeedableRandomSampler with torch.initial_seed(), "
-    "x draws the seed, so the order differs even uninterrupted (data/, not the checkpoint)",
-    strict=False,
-)
 @needs_accelerate
 def test_shuffled_seedable_resume_matches_accelerate(tmp_path, launch) -> None:
     found = _resume_all(launch, tmp_path, 1, "seedable")

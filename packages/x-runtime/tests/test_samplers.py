@@ -30,9 +30,19 @@ def test_order_depends_on_seed_and_epoch_only() -> None:
     assert list(b) == first and sorted(first) == list(range(50))
     assert list(a) != first  # epoch 1
     assert list(SeedableRandomSampler(range(50), seed=5)) != first
-    # (seed 4, epoch 1) must not replay (seed 5, epoch 0): seeds are mixed, not added
-    assert list(SeedableRandomSampler(range(50), seed=4, epoch=1)) != list(SeedableRandomSampler(range(50), seed=5))
     assert isinstance(a, RandomSampler)
+
+
+@pytest.mark.parametrize(("replacement", "num_samples"), [(False, None), (False, 70), (True, 75)])
+def test_order_is_accelerates_to_the_index(replacement: bool, num_samples: int | None) -> None:
+    """The same (seed, epoch) gives Accelerate's order: a run moved between the two shuffles alike."""
+    accelerate = pytest.importorskip("accelerate.data_loader")
+    ours = SeedableRandomSampler(range(50), replacement=replacement, num_samples=num_samples, data_seed=4)
+    theirs = accelerate.SeedableRandomSampler(range(50), replacement=replacement, num_samples=num_samples, data_seed=4)
+    for _ in range(3):  # epochs 0, 1, 2
+        assert list(ours) == list(theirs)
+    torch.manual_seed(11)  # no data_seed: the initial seed, as Accelerate reads it
+    assert list(SeedableRandomSampler(range(9))) == list(accelerate.SeedableRandomSampler(range(9)))
 
 
 def test_epoch_advances_only_when_an_iteration_completes() -> None:

@@ -11,6 +11,7 @@ and ``uint1``..``uint7`` count their nominal width (packed storage), not torch's
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 __all__ = ["DTYPE_BITS", "dtype_bits", "dtype_byte_size", "dtype_name", "is_floating", "tensor_nbytes"]
@@ -101,10 +102,14 @@ def dtype_name(dtype: Any) -> str:
         'bfloat16'
         >>> dtype_name("torch.half")
         'float16'
+        >>> dtype_name(enum.Enum("CustomDtype", {"INT4": "int4"}).INT4)
+        'int4'
 
     Raises:
         ValueError: the name is not a known dtype; the message lists the accepted names.
     """
+    if isinstance(dtype, enum.Enum) and isinstance(dtype.value, str):
+        dtype = dtype.value  # Accelerate's CustomDtype.INT4 is "int4"
     if not isinstance(dtype, str):
         if type(dtype).__name__ != "dtype":
             raise ValueError(f"invalid dtype {dtype!r}: expected a torch.dtype or a name such as 'float16'")

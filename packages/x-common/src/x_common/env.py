@@ -148,6 +148,10 @@ DYNAMO_MODE = _var("DYNAMO_MODE", Choice(DYNAMO_MODES), "default", "torch.compil
 DYNAMO_FULLGRAPH = _var("DYNAMO_FULLGRAPH", Bool(), False, "torch.compile(fullgraph=True)")
 DYNAMO_DYNAMIC = _var("DYNAMO_DYNAMIC", Bool(), None, "torch.compile(dynamic=...); unset lets torch decide")
 DYNAMO_REGIONAL = _var("DYNAMO_REGIONAL", Bool(), False, "compile repeated blocks once instead of the whole model")
+# Read at interpreter start by x-common's .pth line (x_common.accelerate_import), before any x code runs.
+PROVIDE_ACCELERATE = _var(
+    "PROVIDE_ACCELERATE", Bool(), False, "serve `import accelerate` from x (transformers, TRL, PEFT run on x)"
+)
 
 FSDP_VERSION = _var("FSDP_VERSION", Int(minimum=1, maximum=2), 2, "1: FullyShardedDataParallel, 2: fully_shard")
 FSDP_RESHARD_AFTER_FORWARD = _var("FSDP_RESHARD_AFTER_FORWARD", Bool(), True, "free gathered parameters after forward")

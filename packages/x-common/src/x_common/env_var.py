@@ -110,6 +110,29 @@ class EnvVar:
         """
         return self.kind.format(self.name, value)
 
+    def accelerate_spelling(self, value: Any) -> dict[str, str]:
+        """Accelerate's variables for ``value``, as ``accelerate launch`` sets them, where they are plain.
+
+        For libraries that read Accelerate's variables themselves (transformers' ``TrainingArguments``
+        reads ``ACCELERATE_MIXED_PRECISION``); a fallback that Accelerate spells in its own way
+        (numbered, conditional) is left out. A switch (``ACCELERATE_USE_FSDP``) is set when ``value`` is
+        what it stands for.
+
+        Examples:
+            >>> cpu = EnvVar("X_CPU", Bool(), False, "", (Fallback("ACCELERATE_USE_CPU"),))
+            >>> cpu.accelerate_spelling(True)
+            {'ACCELERATE_USE_CPU': '1'}
+        """
+        spelled: dict[str, str] = {}
+        for fallback in self.fallbacks:
+            if fallback.kind is not None or fallback.when is not None:
+                continue
+            if fallback.means is None:
+                spelled.setdefault(fallback.name, self.format(value))
+            elif value == fallback.means:
+                spelled[fallback.name] = "true"
+        return spelled
+
     def write(self, value: Any, environ: MutableMapping[str, str] | None = None) -> str:
         """Validate ``value``, store it in ``environ`` (default ``os.environ``), return the string."""
         text = self.format(value)

@@ -59,8 +59,13 @@ def default_config_path() -> Path:
 
 
 def accelerate_config_path() -> Path:
-    base = env.HF_HOME.read()
-    return (Path(base) if base else Path.home() / ".cache" / "huggingface") / "accelerate" / "default_config.yaml"
+    """Accelerate's default config file: under ``$HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
+    ``~/.cache/huggingface``, as Accelerate finds it."""
+    home = env.HF_HOME.read()
+    if not home:
+        cache = env.XDG_CACHE_HOME.read()
+        home = str(Path(cache) / "huggingface") if cache else str(Path.home() / ".cache" / "huggingface")
+    return Path(home).expanduser() / "accelerate" / "default_config.yaml"
 
 
 def find_config(explicit: str | os.PathLike[str] | None = None) -> tuple[Path | None, str]:

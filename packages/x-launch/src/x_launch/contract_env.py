@@ -43,4 +43,11 @@ def contract_environment(config: LaunchConfig) -> dict[str, str]:
             values[env.DISTRIBUTED_TYPE] = "MULTI_CPU"
         else:
             values.pop(env.DISTRIBUTED_TYPE, None)
-    return env.to_environ(values)
+    environ = env.to_environ(values)
+    if config.provide_accelerate:
+        # transformers' TrainingArguments and PEFT read Accelerate's variables themselves (mixed precision,
+        # CPU, FSDP/DeepSpeed): under x serving accelerate they see the launch as `accelerate launch` shows it.
+        for var, value in values.items():
+            for name, text in var.accelerate_spelling(value).items():
+                environ.setdefault(name, text)
+    return environ

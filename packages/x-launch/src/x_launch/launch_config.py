@@ -31,6 +31,11 @@ DEFAULT = "default"  # the source of a value nothing set
 _cli = flag_spellings
 
 
+def _contract(var: env.EnvVar, **row: Any) -> Any:
+    """A top-level setting that travels as ``var``, with the variable's kind and default."""
+    return option(var.kind, var.default, env=var, **row)
+
+
 def _carried(var: env.EnvVar, section: str, **row: Any) -> Any:
     """A section key that travels as ``var``: its kind, default and meaning are the variable's.
 
@@ -171,38 +176,37 @@ class LaunchConfig(Mapping[str, Setting]):
     stall_timeout: int = option(**stall_settings.TIMEOUT_ROW)
     stall_action: str = option(**stall_settings.ACTION_ROW)
     # --- what the training processes get ----------------------------------------------------
-    mixed_precision: str = option(
-        env.MIXED_PRECISION.kind,
-        env.MIXED_PRECISION.default,
-        env=env.MIXED_PRECISION,
+    mixed_precision: str = _contract(
+        env.MIXED_PRECISION,
         doc="autocast dtype",
         cli=_cli("mixed_precision"),
         question="Mixed precision?",
     )
-    use_cpu: bool = option(
-        env.USE_CPU.kind,
-        env.USE_CPU.default,
-        env=env.USE_CPU,
+    use_cpu: bool = _contract(
+        env.USE_CPU,
         doc="train on CPU even when GPUs are present",
         cli=("--cpu", "--use_cpu"),
         switch=True,
         cli_help="Run on CPU (gloo) even when GPUs are present.",
     )
-    gradient_accumulation_steps: int = option(
-        env.GRADIENT_ACCUMULATION_STEPS.kind,
-        env.GRADIENT_ACCUMULATION_STEPS.default,
-        env=env.GRADIENT_ACCUMULATION_STEPS,
+    gradient_accumulation_steps: int = _contract(
+        env.GRADIENT_ACCUMULATION_STEPS,
         doc="micro-batches per optimizer step",
         cli=_cli("gradient_accumulation_steps"),
     )
-    debug: bool = option(
-        env.DEBUG_MODE.kind,
-        env.DEBUG_MODE.default,
-        env=env.DEBUG_MODE,
+    debug: bool = _contract(
+        env.DEBUG_MODE,
         doc="check shapes agree across ranks before collectives",
         cli=("--debug",),
         switch=True,
         cli_help="Check that tensors agree in shape across ranks before each collective.",
+    )
+    provide_accelerate: bool = _contract(
+        env.PROVIDE_ACCELERATE,
+        doc="serve `import accelerate` from x in every rank (transformers, TRL, PEFT run on x)",
+        cli=("--provide-accelerate", "--provide_accelerate"),
+        switch=True,
+        cli_help="Serve `import accelerate` from x in every rank: transformers' Trainer, TRL and PEFT run on x.",
     )
     tpu: bool = option(
         Bool(),

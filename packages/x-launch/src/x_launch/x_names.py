@@ -196,4 +196,13 @@ BIGMODEL = frozenset(
         "set_module_tensor_to_device",
     }
 )
-LAUNCH = frozenset({"merge_command", "merge_command_parser"})
+LAUNCH = frozenset(
+    {
+        "default_config_file",
+        "launch_command",
+        "launch_command_parser",
+        "load_config_from_file",
+        "merge_command",
+        "merge_command_parser",
+    }
+)

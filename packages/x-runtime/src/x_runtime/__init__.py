@@ -83,8 +83,22 @@ from x_runtime.process.debug import debug_mode, set_debug_mode, verify_operation
 from x_runtime.process.distributed_type import DistributedType
 from x_runtime.process.errors import DistributedOperationException
 from x_runtime.process.logging import MultiProcessAdapter, get_logger
+from x_runtime.provide import provide_accelerate
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
-from x_runtime.strategies.fsdp_merge import load_fsdp_model, merge_fsdp_weights, save_fsdp_model
+from x_runtime.strategies.deepspeed_standins import (
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+    HfDeepSpeedConfig,
+)
+from x_runtime.strategies.fsdp_merge import (
+    load_fsdp_model,
+    load_fsdp_optimizer,
+    merge_fsdp_weights,
+    save_fsdp_model,
+    save_fsdp_optimizer,
+)
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 from x_runtime.utils import *  # noqa: F403 - the is_*_available checks, named once in core.imports
 from x_runtime.utils import __all__ as _utils_names
@@ -100,16 +114,21 @@ __all__ = [
     "DataLoaderDispatcher",
     "DataLoaderShard",
     "DataLoaderStateMixin",
+    "DeepSpeedOptimizerWrapper",
     "DeepSpeedPlugin",
+    "DeepSpeedSchedulerWrapper",
     "DeepSpeedSequenceParallelConfig",
     "DistributedDataParallelKwargs",
     "DistributedOperationException",
     "DistributedType",
+    "DummyOptim",
+    "DummyScheduler",
     "FP8RecipeKwargs",
     "FullyShardedDataParallelPlugin",
     "GradScalerKwargs",
     "GradientAccumulationPlugin",
     "GradientState",
+    "HfDeepSpeedConfig",
     "InitProcessGroupKwargs",
     "IterableDatasetShard",
     "KwargsHandler",
@@ -142,13 +161,16 @@ __all__ = [
     "get_logger",
     "is_namedtuple",
     "load_fsdp_model",
+    "load_fsdp_optimizer",
     "merge_fsdp_weights",
     "notebook_launcher",
     "pad_across_processes",
     "prepare_data_loader",
+    "provide_accelerate",
     "reduce",
     "release_memory",
     "save_fsdp_model",
+    "save_fsdp_optimizer",
     "send_to_device",
     "set_debug_mode",
     "set_seed",

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from x_bigmodel.devices.tensor_placement import torch_dtype
+from x_bigmodel.devices.tensor_placement import set_module_tensor_to_device, torch_dtype
 from x_bigmodel.files.safetensors_file import SafetensorsFile
 from x_bigmodel.offload.weights import (
     FileWeight,
@@ -33,8 +33,10 @@ __all__ = [
     "PrefixedDataset",
     "extract_submodules_state_dict",
     "load_offloaded_weight",
+    "load_offloaded_weights",
     "offload_state_dict",
     "offload_weight",
+    "save_offload_index",
 ]
 
 
@@ -85,6 +87,30 @@ def offload_state_dict(save_dir: str | os.PathLike[str], state_dict: Mapping[str
         offload_weight(tensor, name, save_dir, index)
     write_offload_index(Path(save_dir), index)
     return index
+
+
+def save_offload_index(index: Mapping[str, Any] | None, offload_folder: str | os.PathLike[str]) -> None:
+    """Merge ``index`` into ``<offload_folder>/index.json`` (replaced whole, never half-written);
+    an empty or ``None`` index writes nothing."""
+    if index:
+        write_offload_index(Path(offload_folder), index)
+
+
+def load_offloaded_weights(
+    model: torch.nn.Module, index: Mapping[str, Mapping[str, Any]] | None, offload_folder: str | os.PathLike[str]
+) -> None:
+    """Put each tensor ``index`` names, read from its ``.dat`` file in ``offload_folder``, into ``model`` on the CPU.
+
+    Raises:
+        ValueError: the index holds bitsandbytes 8-bit statistics (``*.SCB``), which x does not load.
+        AttributeError: an entry names no parameter or buffer of ``model``.
+    """
+    entries = dict(index or {})
+    if any("SCB" in name for name in entries):
+        raise ValueError("this offload index holds bitsandbytes 8-bit statistics (SCB), which x does not load")
+    for name, info in entries.items():
+        value = load_offloaded_weight(Path(offload_folder) / f"{name}.dat", info)
+        set_module_tensor_to_device(model, name, "cpu", value=value)
 
 
 class OffloadedWeightsLoader(Mapping[str, torch.Tensor]):

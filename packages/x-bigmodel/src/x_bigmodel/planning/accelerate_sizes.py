@@ -5,11 +5,12 @@ x's own planning counts a tied tensor once in the total and in every module hold
 first holder only, ``torch.bool`` as 1/8 byte), so code written against Accelerate gets the same
 numbers. ``dtype_byte_size``, ``convert_file_size_to_int``, ``named_module_tensors``,
 ``get_non_persistent_buffers``, ``compute_module_sizes``, ``compute_module_total_buffer_size``,
-``find_tied_parameters``, ``retie_parameters`` and ``get_module_size_with_ties``.
+``find_tied_parameters``, ``retie_parameters``, ``get_module_size_with_ties`` and ``get_max_layer_size``.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -19,16 +20,35 @@ import torch
 from torch import nn
 
 __all__ = [
+    "CustomDtype",
     "compute_module_sizes",
     "compute_module_total_buffer_size",
     "convert_file_size_to_int",
     "dtype_byte_size",
     "find_tied_parameters",
+    "get_max_layer_size",
     "get_module_size_with_ties",
     "get_non_persistent_buffers",
     "named_module_tensors",
     "retie_parameters",
 ]
+
+
+class CustomDtype(enum.Enum):
+    """Accelerate's names for the sub-byte and 8-bit formats a planner may be asked to size weights in.
+
+    Accepted wherever a dtype is (``infer_auto_device_map(dtype=CustomDtype.INT4)``), as its value.
+
+    Examples:
+        >>> from x_common.dtypes import dtype_bits
+        >>> CustomDtype.INT4.value, dtype_bits(CustomDtype.INT4)
+        ('int4', 4)
+    """
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
 
 _ONE_BYTE = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
 _UNITS = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "GB": 10**9, "MB": 10**6, "KB": 10**3}
@@ -215,3 +235,37 @@ def get_module_size_with_ties(
         modules.append(holder[1])
         size += module_sizes[holder[0]] - module_sizes[param]
     return size, names, modules
+
+
+def get_max_layer_size(
+    modules: Sequence[tuple[str, nn.Module]], module_sizes: Mapping[str, int], no_split_module_classes: Sequence[str]
+) -> tuple[int, list[str]]:
+    """The largest layer among ``modules`` and the names of the layers of that size, in model order.
+
+    A layer is a module that is not split further: one without children, or one whose class is in
+    ``no_split_module_classes``; any other module is looked into. transformers' planner keeps room
+    for this size on the device that runs the model.
+
+    Examples:
+        >>> block = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+        >>> model = nn.Sequential(block, nn.Linear(4, 4))
+        >>> sizes = compute_module_sizes(model)
+        >>> get_max_layer_size(list(model.named_children()), sizes, [])
+        (80, ['0.0', '1'])
+        >>> get_max_layer_size(list(model.named_children()), sizes, ["Sequential"])
+        (120, ['0'])
+    """
+    largest, names = 0, []
+    pending = list(modules)
+    while pending:
+        name, module = pending.pop(0)
+        children = list(module.named_children()) if isinstance(module, nn.Module) else []
+        if children and type(module).__name__ not in no_split_module_classes:
+            pending[:0] = [(f"{name}.{child}", sub) for child, sub in children]
+            continue
+        size = module_sizes[name]
+        if size > largest:
+            largest, names = size, [name]
+        elif size == largest:
+            names.append(name)
+    return largest, names

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import torch
@@ -54,11 +54,15 @@ def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[De
     With ``max_memory``: sizes may be ints or strings (``"10GiB"``, ``"500MB"``); keys may be
     GPU indices, ``"cuda:N"``, ``"mps"``, ``"cpu"``, ``"disk"``. GPU indices that do not exist
     here are kept with a logged warning, as Accelerate does, so maps can be planned for another
-    machine. The given mapping is not modified.
+    machine. As in Accelerate, string sizes in a given dict are replaced by their bytes in place
+    (transformers compares the caller's dict with the result), its keys left as written.
 
     Examples:
-        >>> get_max_memory({1: "1GiB", "cpu": "2GiB", 0: 1024})
+        >>> given = {1: "1GiB", "cpu": "2GiB", 0: 1024}
+        >>> get_max_memory(given)
         {0: 1024, 1: 1073741824, 'cpu': 2147483648}
+        >>> given
+        {1: 1073741824, 'cpu': 2147483648, 0: 1024}
 
     Raises:
         ValueError: a key is not a device or a value not a size.
@@ -83,7 +87,12 @@ def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[De
         device = device_key(key)
         if device in budgets:
             raise ValueError(f"device {device!r} is given twice in max_memory (as {key!r})")
-        budgets[device] = parse_size(value)
+        # A float is a byte count already scaled by the caller (transformers keeps 90% of the CPU's).
+        budgets[device] = int(value) if isinstance(value, float) and value >= 0 else parse_size(value)
+    if isinstance(max_memory, MutableMapping):
+        for key, value in max_memory.items():
+            if isinstance(value, str):
+                max_memory[key] = parse_size(value)
     gpus = [k for k in budgets if isinstance(k, int)]
     if gpus:
         count = torch.cuda.device_count()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from x_bigmodel.devices.device_keys import DeviceKey
+from x_bigmodel.devices.device_keys import DeviceKey, device_key
 from x_bigmodel.planning.auto_map import infer_auto_device_map
 from x_bigmodel.planning.balanced_memory import get_balanced_memory
 from x_bigmodel.planning.budgets import get_max_memory, with_disk
@@ -98,7 +98,14 @@ def plan_device_map(
         return DevicePlan(entries=planned, offload_folder=offload_folder)
     if not isinstance(device_map, Mapping):
         raise ValueError(f"invalid device_map {device_map!r}: expected a dict or a strategy name")
-    return check_device_map(model, device_map, offload_folder)
+    checked = check_device_map(model, device_map, offload_folder)
+    if isinstance(checked, DevicePlan):
+        return checked
+    # check_device_map was replaced here (transformers swaps in a no-op for models whose map leaves some
+    # parameters unplaced on purpose): the map is taken as given, its devices normalised.
+    return DevicePlan(
+        entries={name: device_key(value) for name, value in device_map.items()}, offload_folder=offload_folder
+    )
 
 
 def resolve_device_map(

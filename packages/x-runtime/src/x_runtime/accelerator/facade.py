@@ -163,11 +163,7 @@ class Accelerator(
             if steps == 1:
                 steps = env.GRADIENT_ACCUMULATION_STEPS.read()
             plugin = GradientAccumulationPlugin(num_steps=steps)
-        self.gradient_state = GradientState(
-            num_steps=plugin.num_steps,
-            sync_with_dataloader=plugin.sync_with_dataloader,
-            adjust_scheduler=plugin.adjust_scheduler,
-        )
+        self.gradient_state = GradientState(plugin)
         self.sync_each_batch = plugin.sync_each_batch
         self.strategy = choice.build(
             process,
@@ -181,13 +177,20 @@ class Accelerator(
         if dynamo_plugin is not None and dynamo_backend is not None:
             raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
         self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
-        # Accelerate's AcceleratorState, as a view over this accelerator's own process state.
+        # Accelerate's AcceleratorState, as a view over this accelerator's own process state. Its plugin is the
+        # one in effect, also when the launcher chose the strategy (transformers' Trainer reads it to pick
+        # its checkpoint paths); and, as Accelerate does, the process says so in Accelerate's variables,
+        # which libraries read before they load a model (TRL's reference model, FSDP's rank-0 loading).
+        in_effect = getattr(self.strategy, "plugin", None)
+        sharded = choice.kind in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+        if sharded:
+            os.environ.update(env.DISTRIBUTED_TYPE.accelerate_spelling(str(choice.kind)))
         self.state = AcceleratorState.view_of(
             process,
             _mixed_precision=self.precision.mode,
             dynamo_plugin=self.dynamo_plugin,
-            deepspeed_plugin=deepspeed_plugin,
-            fsdp_plugin=fsdp_plugin,
+            deepspeed_plugin=in_effect if choice.kind == DistributedType.DEEPSPEED else None,
+            fsdp_plugin=in_effect if choice.kind == DistributedType.FSDP else None,
         )
         self.log_with = log_with
         if log_with is not None:  # an unknown name, a missing package or directory fails here, not at init_trackers

@@ -315,6 +315,8 @@ class GradientState(_LoopGradientState):
             kwargs.setdefault("sync_with_dataloader", plugin.sync_with_dataloader)
             kwargs.setdefault("adjust_scheduler", plugin.adjust_scheduler)
         super().__init__(**kwargs)
+        if plugin is not None:
+            self.plugin_kwargs = plugin.to_kwargs()
 
     @property
     def initialized(self) -> bool:

@@ -20,29 +20,41 @@ __all__ = [
     "is_aim_available",
     "is_bf16_available",
     "is_bnb_available",
+    "is_boto3_available",
     "is_clearml_available",
     "is_comet_ml_available",
     "is_cuda_available",
     "is_datasets_available",
     "is_deepspeed_available",
     "is_dvclive_available",
+    "is_fp8_available",
     "is_fp16_available",
     "is_hpu_available",
     "is_ipex_available",
+    "is_matplotlib_available",
     "is_mlflow_available",
     "is_mlu_available",
     "is_mps_available",
+    "is_msamp_available",
     "is_musa_available",
     "is_npu_available",
+    "is_pandas_available",
+    "is_peft_available",
     "is_pytest_available",
+    "is_rich_available",
     "is_rocm_available",
     "is_sdaa_available",
     "is_swanlab_available",
     "is_tensorboard_available",
+    "is_timm_available",
     "is_torch_xla_available",
+    "is_torchao_available",
     "is_torchdata_available",
     "is_torchdata_stateful_dataloader_available",
+    "is_torchvision_available",
+    "is_tqdm_available",
     "is_trackio_available",
+    "is_transformer_engine_available",
     "is_transformers_available",
     "is_wandb_available",
     "is_xpu_available",
@@ -268,3 +280,59 @@ def is_torchdata_stateful_dataloader_available() -> bool:
     from x_runtime.core.versions import compare_versions
 
     return is_torchdata_available() and compare_versions("torchdata", ">=", "0.8.0")
+
+
+def is_peft_available() -> bool:
+    return _installed("peft")
+
+
+def is_timm_available() -> bool:
+    return _installed("timm")
+
+
+def is_torchvision_available() -> bool:
+    return _installed("torchvision")
+
+
+def is_pandas_available() -> bool:
+    return _installed("pandas")
+
+
+def is_matplotlib_available() -> bool:
+    return _installed("matplotlib")
+
+
+def is_boto3_available() -> bool:
+    return _installed("boto3")
+
+
+def is_rich_available() -> bool:
+    return _installed("rich")
+
+
+def is_tqdm_available() -> bool:
+    return _installed("tqdm")
+
+
+def is_torchao_available() -> bool:
+    """torchao 0.6.1 or newer (its float8 training API), as Accelerate checks."""
+    from x_runtime.core.versions import compare_versions
+
+    return _installed("torchao") and compare_versions("torchao", ">=", "0.6.1")
+
+
+def is_transformer_engine_available() -> bool:
+    return _installed("transformer_engine", "transformer-engine")
+
+
+def is_msamp_available() -> bool:
+    return _installed("msamp")
+
+
+def is_fp8_available() -> bool:
+    """Whether an fp8 backend Accelerate knows is installed (MS-AMP, Transformer Engine, torchao).
+
+    x trains in fp8 through torchao only (``mixed_precision="fp8"``); the answer is Accelerate's,
+    which libraries read before they offer fp8 at all.
+    """
+    return is_msamp_available() or is_transformer_engine_available() or is_torchao_available()

@@ -1,13 +1,15 @@
 """The user's model inside what prepare (or the user) wrapped it in: ``torch.compile``, DDP,
-``DataParallel``, a DeepSpeed engine."""
+``DataParallel``, a DeepSpeed engine; and whether a model is PEFT's wrapper."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from typing import Any
 
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-__all__ = ["unwrap_model"]
+__all__ = ["is_peft_model", "unwrap_model"]
 
 
 def unwrap_model(model: Any, *, keep_torch_compile: bool = False, through_ddp: bool = True) -> Any:
@@ -35,3 +37,18 @@ def unwrap_model(model: Any, *, keep_torch_compile: bool = False, through_ddp: b
         # A compiled DDP (DataParallel) wrapper cannot be kept without the wrapper inside it: return the model.
         return unwrap_model(model.module, keep_torch_compile=keep_torch_compile)
     return compiled if keep_torch_compile and compiled is not None else model
+
+
+def is_peft_model(model: Any) -> bool:
+    """Whether ``model`` is a PEFT model (``peft.PeftModel``); ``False`` when PEFT is not installed.
+
+    Examples:
+        >>> import torch
+        >>> is_peft_model(torch.nn.Linear(1, 1))
+        False
+    """
+    if "peft" not in sys.modules and importlib.util.find_spec("peft") is None:
+        return False
+    from peft import PeftModel
+
+    return isinstance(model, PeftModel)

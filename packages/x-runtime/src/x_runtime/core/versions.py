@@ -7,23 +7,17 @@ Versions compare as packaging's ``Version`` does (``2.13.0+cpu >= 2.13``), throu
 from __future__ import annotations
 
 import importlib.metadata
-import operator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.torch_version import TorchVersion
 
+from x_runtime.core.constants import STR_OPERATION_TO_FUNC
+
 __all__ = ["compare_versions", "is_torch_version"]
 
-_OPERATIONS: dict[str, Callable[[Any, Any], bool]] = {
-    ">": operator.gt,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "!=": operator.ne,
-    "<=": operator.le,
-    "<": operator.lt,
-}
+_OPERATIONS: dict[str, Callable[[Any, Any], bool]] = STR_OPERATION_TO_FUNC
 
 
 def compare_versions(library_or_version: Any, operation: str, requirement_version: str) -> bool:

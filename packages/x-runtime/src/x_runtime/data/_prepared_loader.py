@@ -93,7 +93,7 @@ class _PreparedLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
             dataloader_kwargs.get("generator"),
             sharding,
             every_rank_iterates=self._every_rank_iterates,
-            global_draws=not use_seedable_sampler,
+            global_draws=True,
         )
         self.skip_batches = int(skip_batches)
         self.use_stateful_dataloader = use_stateful_dataloader

@@ -148,20 +148,23 @@ def skip_first_batches(dataloader: DataLoader, num_batches: int = 0) -> DataLoad
     return DataLoader(dataset, sampler=SkipBatchSampler(dataloader.sampler, num_batches), batch_size=None, **settings)
 
 
-def _shared_seed(data_seed: int | None, generator: torch.Generator | None, num_processes: int) -> int | SharedInt:
-    """The shuffle seed: ``data_seed``, else one draw broadcast from rank 0.
+def _shared_seed(data_seed: int | None, num_processes: int) -> int | SharedInt:
+    """The shuffle seed: ``data_seed``, else ``torch.initial_seed()`` as in Accelerate, rank 0's.
 
-    Every rank draws (from the sampler's generator if it has one, else torch's global RNG) so that
-    their RNG streams stay aligned; rank 0's draw wins. The broadcast is started here and waited
-    for by the sampler's first read of its seed (``SharedInt``), not inside ``prepare``.
+    Nothing is drawn from any RNG (Accelerate draws nothing here either, so the global stream of a
+    migrated script stays Accelerate's). Every rank takes rank 0's seed: the same as its own when
+    the ranks were seeded alike (``set_seed``), and the same order where they were not, which
+    Accelerate does not ensure. The broadcast is started here and waited for by the sampler's first
+    read of its seed (``SharedInt``), not inside ``prepare``.
     """
     if data_seed is not None:
         return int(data_seed)
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
+    seed = torch.initial_seed()
     if num_processes > 1 and dist.is_available() and dist.is_initialized():
         from x_runtime.process.shared_int import share_int
 
-        return share_int(seed, from_process=0)
+        # An unseeded process's initial seed is any 64-bit value: sent as a signed int64, read back unsigned.
+        return share_int(seed - 2**64 if seed >= 2**63 else seed, from_process=0)
     return seed
 
 
@@ -197,7 +200,7 @@ def _seedable(source: Any, data_seed: int | None, num_processes: int) -> Any:
             sampler.data_source,
             replacement=sampler.replacement,
             num_samples=getattr(sampler, "_num_samples", None),
-            seed=_shared_seed(data_seed, sampler.generator, num_processes),
+            seed=_shared_seed(data_seed, num_processes),
         )
     if holder is None:
         return seeded
@@ -254,8 +257,8 @@ def prepare_data_loader(
         use_seedable_sampler: Replace a ``RandomSampler`` by a :class:`SeedableRandomSampler`, so
             every process shuffles the same way each epoch whatever the global RNG did. Off (the
             default, as Accelerate's): the global RNG is drawn as Accelerate draws it.
-        data_seed: Its seed; ``None`` draws one now from torch's RNG (the sampler's generator if it
-            has one) on rank 0 and broadcasts it, so ``torch.manual_seed`` before this call fixes it.
+        data_seed: Its seed; ``None`` takes ``torch.initial_seed()`` of rank 0 (as Accelerate, but the
+            same on every rank), so ``set_seed``/``torch.manual_seed`` before this call fixes it.
         non_blocking: Asynchronous host-to-device copies (with ``pin_memory``).
         use_stateful_dataloader: ``load_state_dict`` also makes the next iteration resume after the
             batches already yielded.

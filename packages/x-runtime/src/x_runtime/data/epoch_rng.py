@@ -7,11 +7,10 @@ already in the restored state): one extra draw shifts dropout and every later ra
 sources:
 
 - **The workers' base seed**, which a DataLoader iterator draws from the loader's generator, or
-  from the global RNG when it has none. By default (``use_seedable_sampler=False``, as Accelerate)
-  it is drawn from the global RNG as plain torch draws it, so a script keeps Accelerate's random
-  numbers; a replayed epoch takes it from a generator of its own instead (its draw is already in
-  the restored state). With the seedable sampler the loader always has a generator of its own,
-  seeded by ``(seed, epoch)``: its epochs draw nothing from the global RNG.
+  from the global RNG when it has none. It is drawn from the global RNG as plain torch draws it
+  (with or without the seedable sampler, as Accelerate's loaders do), so a script keeps
+  Accelerate's random numbers (dropout after an evaluation, say); a replayed epoch takes it from a
+  generator of its own instead (its draw is already in the restored state).
 - **The user's generator** (``DataLoader(generator=g)``, ``RandomSampler(generator=g)``): its
   state at the start of the epoch is kept; loading puts it back, and the replayed epoch draws
   what the interrupted one drew.

@@ -8,7 +8,7 @@ global batch are real rather than padding (``gather_for_metrics`` drops the padd
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 __all__ = ["GradientState", "TrackedLoader"]
 
@@ -27,6 +27,13 @@ class GradientState:
         self.adjust_scheduler = adjust_scheduler
         self.sync_gradients = True
         self._loaders: list[TrackedLoader] = []
+        # The accumulation plugin's non-default options, as Accelerate keeps them (transformers' Trainer
+        # reads "sync_each_batch" here).
+        self.plugin_kwargs: dict[str, Any] = {}
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        """Whether the next backward synchronises; transformers' ``Trainer`` decides it itself and sets it here."""
+        self.sync_gradients = sync_gradients
 
     @property
     def active_dataloader(self) -> TrackedLoader | None:

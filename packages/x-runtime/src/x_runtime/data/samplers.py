@@ -37,8 +37,7 @@ _MASK64 = (1 << 64) - 1
 
 
 def _mix_seed(seed: int, epoch: int) -> int:
-    # splitmix64 of (seed, epoch): plain ``seed + epoch`` would make (seed=1, epoch=0) replay
-    # (seed=0, epoch=1), so consecutive seeds would share permutations shifted by one epoch.
+    """A well-spread seed for ``(seed, epoch)`` (splitmix64): for streams x owns, such as loader workers'."""
     value = (seed * 0x9E3779B97F4A7C15 + epoch + 0x632BE59BD9B4E019) & _MASK64
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
@@ -48,9 +47,10 @@ def _mix_seed(seed: int, epoch: int) -> int:
 class SeedableRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose order is a function of ``(seed, epoch)`` alone.
 
-    Each iteration draws from a fresh ``torch.Generator`` seeded from the pair, so every rank
-    holding the same seed produces the same permutation whatever its global RNG did, and a
-    one-process run walks the same global order as a many-process one. ``epoch`` advances by one
+    Each iteration draws from a ``torch.Generator`` seeded with ``seed + epoch`` (Accelerate's rule,
+    so runs match Accelerate's to the index), so every rank holding the same seed produces the
+    same permutation whatever its global RNG did, and a one-process run walks the same global
+    order as a many-process one. ``epoch`` advances by one
     when an iteration runs to its end (an abandoned iteration leaves it alone); ``set_epoch``
     moves it explicitly, to replay or skip epochs.
 
@@ -61,7 +61,8 @@ class SeedableRandomSampler(RandomSampler):
         generator: A generator to draw from: reseeded from ``(seed, epoch)`` at each iteration
             (as Accelerate does), so it stays a function of the pair. ``None``: a fresh one.
         data_seed: The shuffle seed shared by every rank (Accelerate's name); ``seed`` is the same.
-            Neither given: ``torch.initial_seed()``, as in Accelerate (``set_seed`` fixes it).
+            Neither given: ``torch.initial_seed()``, as in Accelerate (``set_seed`` fixes it);
+            ``prepare`` takes rank 0's, so ranks that were not seeded alike still agree.
         epoch: The epoch the next iteration shuffles for.
 
     Examples:
@@ -96,7 +97,7 @@ class SeedableRandomSampler(RandomSampler):
     def seed(self) -> int:
         """The shuffle seed; one still being broadcast from rank 0 (``prepare``'s) is waited for here."""
         if not isinstance(self._seed, int):
-            self._seed = self._seed.result()
+            self._seed = self._seed.result() & _MASK64  # an initial seed, unsigned as torch gives it
         return self._seed
 
     @seed.setter
@@ -118,18 +119,18 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = int(epoch)
 
     def order(self) -> list[int]:
-        """The indices the next iteration yields, in order, without moving the epoch."""
-        size = len(self.data_source)
-        count = self.num_samples
+        """The indices the next iteration yields, in order, without moving the epoch.
+
+        The generator is seeded with ``seed + epoch`` and torch's ``RandomSampler`` draws from it,
+        as in Accelerate, so a run gives Accelerate's order to the index.
+        """
         generator = self.generator if self.generator is not None else torch.Generator()
-        generator.manual_seed(_mix_seed(self.seed, self.epoch))
-        if self.replacement:
-            return torch.randint(size, (count,), dtype=torch.int64, generator=generator).tolist()
-        whole, rest = divmod(count, size)
-        parts = [torch.randperm(size, generator=generator) for _ in range(whole)]
-        if rest:
-            parts.append(torch.randperm(size, generator=generator)[:rest])
-        return torch.cat(parts).tolist() if parts else []
+        generator.manual_seed((self.seed + self.epoch) & _MASK64)
+        held, self.generator = self.generator, generator
+        try:
+            return list(RandomSampler.__iter__(self))
+        finally:
+            self.generator = held
 
     def __iter__(self) -> Iterator[int]:
         yield from self.order()

@@ -7,12 +7,12 @@ Without a config file, one is built from the fields. Values written "auto" are f
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from x_common import env
+from x_runtime.strategies.deepspeed_standins import HfDeepSpeedConfig, read_deepspeed_config
 
 __all__ = ["DeepSpeedPlugin"]
 
@@ -80,18 +80,15 @@ class DeepSpeedPlugin:
 
     @staticmethod
     def _load(source: Any) -> dict[str, Any]:
+        """A copy of the config (``"auto"`` values are filled in place), from a file, dict, JSON text or
+        an ``HfDeepSpeedConfig``."""
         if source is None:
             return {}
-        if isinstance(source, dict):
-            copied: dict[str, Any] = json.loads(json.dumps(source))  # a deep copy: "auto" values are filled in place
-            return copied
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(f"DeepSpeed config {path} does not exist; give a JSON file or a dict")
-        try:
-            loaded = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"DeepSpeed config {path}, line {exc.lineno}: not valid JSON ({exc.msg})") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"DeepSpeed config {path}: expected a JSON object at the top")
-        return loaded
+        if isinstance(source, HfDeepSpeedConfig):
+            source = source.config
+        if not isinstance(source, dict) and not Path(source).is_file():
+            try:
+                return read_deepspeed_config(source)
+            except ValueError:
+                raise ValueError(f"DeepSpeed config {source} does not exist; give a JSON file or a dict") from None
+        return read_deepspeed_config(source)

@@ -1,4 +1,5 @@
-"""Accelerate's FSDP checkpoint functions: ``save_fsdp_model``, ``load_fsdp_model``, ``merge_fsdp_weights``.
+"""Accelerate's FSDP checkpoint functions: ``save_fsdp_model``, ``load_fsdp_model``, ``save_fsdp_optimizer``,
+``load_fsdp_optimizer``, ``merge_fsdp_weights``.
 
 The files are Accelerate's: ``SHARDED_STATE_DICT`` writes ``<output_dir>/pytorch_model_fsdp_<i>/``
 through ``torch.distributed.checkpoint`` (every rank its own shards, under the key ``model``);
@@ -6,7 +7,10 @@ through ``torch.distributed.checkpoint`` (every rank its own shards, under the k
 (``pytorch_model_fsdp_<i>.bin`` past the first model). ``merge_fsdp_weights`` turns a sharded
 folder into one ``model.safetensors`` (or ``pytorch_model.bin``) on one process, with no process
 group needed: what ``x-launch merge-weights`` runs. The model may be FSDP2 (``fully_shard``),
-DDP or plain: torch's ``get_model_state_dict`` reads each of them.
+DDP or plain: torch's ``get_model_state_dict`` reads each of them. The optimizer's files follow the
+same two layouts (``optimizer.bin`` from rank 0, or ``optimizer_<i>/`` through DCP under the key
+``optimizer``; with ``use_dcp=False`` one ``optimizer_<i>_rank<r>.bin`` per rank), as Accelerate
+writes them, so transformers' ``Trainer`` checkpoints of FSDP runs resume on either side.
 """
 
 from __future__ import annotations
@@ -20,15 +24,19 @@ from typing import Any
 
 import torch
 
+from x_runtime.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
 from x_runtime.io.files import torch_load
 from x_runtime.io.model_files import save_object
 from x_runtime.process.state import ProcessState
 
-__all__ = ["FSDP_MODEL_NAME", "load_fsdp_model", "merge_fsdp_weights", "save_fsdp_model"]
+__all__ = [
+    "load_fsdp_model",
+    "load_fsdp_optimizer",
+    "merge_fsdp_weights",
+    "save_fsdp_model",
+    "save_fsdp_optimizer",
+]
 
-FSDP_MODEL_NAME = "pytorch_model_fsdp"
-SAFE_WEIGHTS_NAME = "model.safetensors"
-WEIGHTS_NAME = "pytorch_model.bin"
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +122,82 @@ def load_fsdp_model(
     held = {"model": _adapter_keys(model, get_model_state_dict(model), adapter_only)}
     dcp.load(held, checkpoint_id=str(source))
     return set_model_state_dict(model, held["model"], options=StateDictOptions(strict=strict))
+
+
+def _optimizer_file(index: int, rank: int | None = None) -> str:
+    base = OPTIMIZER_NAME if index == 0 and rank is None else f"{OPTIMIZER_NAME}_{index}"
+    return f"{base}_rank{rank}.bin" if rank is not None else f"{base}.bin"
+
+
+def save_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    output_dir: str | os.PathLike[str],
+    optimizer_index: int = 0,
+    use_dcp: bool = True,
+) -> None:
+    """Save ``optimizer``'s state (of ``model``'s parameters) into ``output_dir`` in the plugin's layout.
+
+    Every rank must call it. ``use_dcp=False`` (sharded layout only) writes one file per rank with
+    no collective, to be read back by the same number of ranks.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    output = Path(output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    full = _layout(fsdp_plugin) == "FULL_STATE_DICT"
+    state = get_optimizer_state_dict(model, getattr(optimizer, "optimizer", optimizer), options=_options(full))
+    if full:
+        if accelerator.process_index == 0:
+            save_object(state, output / _optimizer_file(optimizer_index))
+        accelerator.wait_for_everyone()
+    elif not use_dcp:
+        save_object(state, output / _optimizer_file(optimizer_index, accelerator.process_index))
+    else:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"optimizer": state}, checkpoint_id=str(output / f"{OPTIMIZER_NAME}_{optimizer_index}"))
+
+
+def load_fsdp_optimizer(
+    fsdp_plugin: Any,
+    accelerator: Any,
+    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module,
+    input_dir: str | os.PathLike[str],
+    optimizer_index: int = 0,
+    adapter_only: bool = False,
+    use_dcp: bool = True,
+) -> None:
+    """Load what ``save_fsdp_optimizer`` wrote into ``optimizer`` (sharded files on any number of ranks)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    accelerator.wait_for_everyone()
+    inner = getattr(optimizer, "optimizer", optimizer)
+    folder = Path(input_dir)
+    if _layout(fsdp_plugin) == "FULL_STATE_DICT":
+        distributed = accelerator.num_processes > 1
+        first = accelerator.process_index == 0 or not distributed
+        state = torch_load(folder / _optimizer_file(optimizer_index)) if first else {}
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=distributed)
+        set_optimizer_state_dict(model, inner, state, options=options)
+        return
+    if not use_dcp:
+        state = torch_load(folder / _optimizer_file(optimizer_index, accelerator.process_index))
+    else:
+        import torch.distributed.checkpoint as dcp
+
+        name = f"{OPTIMIZER_NAME}_{optimizer_index}"
+        held = {"optimizer": get_optimizer_state_dict(model, inner)}
+        dcp.load(held, checkpoint_id=str(folder if folder.name == name else folder / name))
+        state = held["optimizer"]
+    set_optimizer_state_dict(model, inner, state)
 
 
 def merge_fsdp_weights(
