@@ -231,6 +231,26 @@ def compat_unit(session: nox.Session) -> None:
     session.run("python", "compat/unit.py", "--out", str(Path(session.create_tmp()) / "compat-unit"), *session.posargs)
 
 
+@session(tags=("ci",))
+def ecosystem(session: nox.Session) -> None:
+    """transformers' Trainer, TRL and PEFT on x serving `accelerate`, side by side with the real Accelerate.
+
+    ecosystem/test_scenarios.py runs each scenario (Trainer on 1 and 2 processes, bf16 and gradient
+    accumulation, resume across the two, SFT with and without LoRA, DPO, from_pretrained device
+    maps) under the real Accelerate and under x (X_PROVIDE_ACCELERATE=1, x-launch
+    --provide-accelerate), and compares losses, weights, files and maps exactly. Then Accelerate is
+    uninstalled and the x side runs again, against the results kept from the first pass: x serves the
+    import where Accelerate is absent too. Posargs go to pytest.
+    """
+    install(session, PACKAGES, tools=(*TEST_TOOLS, "transformers", "trl", "peft", "datasets", "accelerate"))
+    results = Path(session.create_tmp()) / "ecosystem"
+    shutil.rmtree(results, ignore_errors=True)
+    scenarios = ("python", "-m", "pytest", "ecosystem/test_scenarios.py", "-p", "no:cacheprovider", "--results")
+    session.run(*scenarios, str(results), *session.posargs)
+    session.run("python", "-m", "pip", "uninstall", "--yes", "accelerate")
+    session.run(*scenarios, str(results), "--sides", "x", *session.posargs)
+
+
 DIST = ROOT / "dist"
 
 

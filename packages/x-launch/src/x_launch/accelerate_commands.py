@@ -18,12 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from x_launch.config_file import ConfigError, accelerate_config_path, as_yaml_document, load_config
+from x_launch.accelerate_flags import answered, target_index
+from x_launch.config_file import ConfigError, accelerate_config_path, load_config
+from x_launch.config_yaml import decode, parse
 
 __all__ = [
     "LaunchConfigFile",
@@ -39,33 +42,35 @@ default_config_file = str(accelerate_config_path())
 
 
 class LaunchConfigFile:
-    """A launch config file as read: its settings as attributes (top-level keys) and ``to_dict()``."""
+    """A launch config file as read: its keys as attributes and ``to_dict()``, the values as the file writes them."""
 
-    def __init__(self, path: Path, values: dict[str, Any]) -> None:
+    def __init__(self, path: Path, document: dict[str, Any]) -> None:
         self.path = path
-        self._values = as_yaml_document(values)
-        for key, value in self._values.items():
-            setattr(self, key, value)
+        self._document = document
+        for key, value in document.items():
+            setattr(self, str(key), value)
 
     def to_dict(self) -> dict[str, Any]:
-        """The settings, sections nested, as Accelerate's ``ClusterConfig.to_dict()`` gives them."""
-        return dict(self._values)
+        """The file's settings, as Accelerate's ``ClusterConfig.to_dict()`` gives them."""
+        return dict(self._document)
 
 
 def load_config_from_file(config_file: str | os.PathLike[str] | None) -> LaunchConfigFile:
     """Read a launch config file (``None``: Accelerate's default one), checked as x-launch checks it.
 
     Raises:
-        FileNotFoundError: an explicit ``config_file`` that does not exist (as Accelerate raises).
+        FileNotFoundError: the file does not exist (as Accelerate raises).
         ConfigError: the file is malformed or holds an unknown key (one line naming it).
     """
-    if config_file is not None and not Path(config_file).is_file():
+    path = Path(config_file if config_file is not None else default_config_file)
+    if not path.is_file():
         raise FileNotFoundError(
-            f"The passed configuration file `{config_file}` does not exist: pass an existing file, or run "
+            f"The passed configuration file `{path}` does not exist: pass an existing file, or run "
             "`x-launch config` to write the default one"
         )
-    path = Path(config_file if config_file is not None else default_config_file)
-    return LaunchConfigFile(path, load_config(path).values)
+    load_config(path)  # every key and value checked, one line naming the first problem
+    document = parse(decode(path.read_bytes())).data
+    return LaunchConfigFile(path, dict(document) if isinstance(document, dict) else {})
 
 
 def _launch() -> click.Command:
@@ -74,14 +79,48 @@ def _launch() -> click.Command:
     return launch
 
 
+class _LaunchParser(argparse.ArgumentParser):
+    """Accelerate's launch parser: the launcher's options, then the script and everything after it.
+
+    Where the script starts is x-launch's own rule (``target_index``), so a flag x-launch accepts or
+    refuses with a reason reaches ``launch_command`` as given, and is accepted or refused there.
+    """
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
+        argv = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        split = target_index(argv, _value_options())
+        if split >= len(argv):
+            self.error("the following arguments are required: training_script")
+        parsed, extra = self.parse_known_args(argv[:split], namespace)
+        unknown = [token for token in extra if token.startswith("-") and not answered(token)]
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parsed.training_script = argv[split]
+        rest = argv[split + 1 :]
+        parsed.training_script_args = rest[1:] if rest[:1] == ["--"] else rest  # as argparse's REMAINDER
+        parsed.launcher_extras = extra  # flags x-launch reads itself (Accelerate's, with their values)
+        return parsed
+
+
+def _value_options() -> set[str]:
+    return {
+        name
+        for param in _launch().params
+        if isinstance(param, click.Option) and not param.is_flag
+        for name in (*param.opts, *param.secondary_opts)
+    }
+
+
 def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
     """An ``argparse`` parser for ``accelerate launch``'s arguments: x-launch's options, then the
     script and its own arguments (``training_script``, ``training_script_args``)."""
     description = "Launch a script as x-launch does (Accelerate's `accelerate launch` arguments)."
-    if subparsers is not None:
+    if subparsers is not None:  # the parent parser parses: the script and its arguments are positionals there
         parser = subparsers.add_parser("launch", description=description, allow_abbrev=False)
+        parser.add_argument("training_script", help="The script (or, with -m, the module) to launch.")
+        parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments of the script.")
     else:
-        parser = argparse.ArgumentParser(prog="x-launch", description=description, allow_abbrev=False)
+        parser = _LaunchParser(prog="x-launch", description=description, allow_abbrev=False)
     for param in _launch().params:
         if not isinstance(param, click.Option) or param.name is None:
             continue
@@ -90,8 +129,6 @@ def launch_command_parser(subparsers: Any = None) -> argparse.ArgumentParser:
             parser.add_argument(*names, dest=param.name, action="store_true", default=None, help=param.help)
         else:
             parser.add_argument(*names, dest=param.name, default=None, help=param.help)
-    parser.add_argument("training_script", help="The script (or, with -m, the module) to launch.")
-    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help="Arguments of the script.")
     if subparsers is not None:
         parser.set_defaults(func=launch_command)
     return parser
@@ -107,7 +144,8 @@ def launch_argv(args: argparse.Namespace) -> list[str]:
         if value is None or value is False:
             continue
         argv.extend([param.opts[0]] if param.is_flag else [param.opts[0], str(value)])
-    return [*argv, args.training_script, *args.training_script_args]
+    extras = list(getattr(args, "launcher_extras", []))
+    return [*argv, *extras, args.training_script, *args.training_script_args]
 
 
 def launch_command(args: argparse.Namespace) -> None:

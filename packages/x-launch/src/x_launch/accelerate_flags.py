@@ -19,7 +19,7 @@ from collections.abc import Collection
 
 from x_common.kinds import FALSE_WORDS
 
-__all__ = ["REFUSED", "REFUSED_PREFIXES", "TEE_STREAMS", "prepare_launch_args", "refusal"]
+__all__ = ["REFUSED", "REFUSED_PREFIXES", "TEE_STREAMS", "answered", "prepare_launch_args", "refusal", "target_index"]
 
 _MEGATRON = "x-launch does not run Megatron-LM: use --use_fsdp or --use_deepspeed to shard a large model"
 _PARALLELISM = (
@@ -91,6 +91,38 @@ def refusal(flag: str, value: str | None = None) -> str | None:
     if name in REFUSED:
         return REFUSED[name]
     return next((why for prefix, why in REFUSED_PREFIXES.items() if name.startswith(prefix)), None)
+
+
+def answered(flag: str) -> bool:
+    """Whether x-launch answers ``flag`` itself beyond its options: refused with a reason, or accepted and dropped."""
+    return refusal(flag) is not None or _canonical(flag.partition("=")[0]) in _HARMLESS
+
+
+def target_index(args: list[str], value_options: Collection[str]) -> int:
+    """Where the target (script or module) starts in ``args``: after the launcher's options and their values.
+
+    A refused flag that takes a value counts with its value, so the split is the one
+    ``prepare_launch_args`` makes before it refuses the flag.
+
+    Examples:
+        >>> target_index(["--num_processes", "2", "--cpu", "--fp8_backend", "te", "train.py", "-x"], {"--num_processes"})
+        5
+    """
+    i = 0
+    while i < len(args):
+        token = args[i]
+        if token == "--" or not token.startswith("-") or token == "-":
+            return i
+        name, eq, _ = token.partition("=")
+        following = args[i + 1] if i + 1 < len(args) else None
+        refused_value = refusal(name) is not None and name not in _SWITCHES
+        takes = name in value_options or _canonical(name) in _HARMLESS or refused_value
+        if name in _TEE:
+            takes = following is not None and TEE_STREAMS.fullmatch(following) is not None
+        if takes and not eq and following is not None and not following.startswith("-"):
+            i += 1
+        i += 1
+    return i
 
 
 def prepare_launch_args(args: list[str], value_options: Collection[str]) -> list[str]:

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from x_common.dtypes import dtype_bits
+
 __all__ = [
     "CustomDtype",
     "compute_module_sizes",
@@ -54,16 +56,22 @@ _ONE_BYTE = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz
 _UNITS = {"GIB": 2**30, "MIB": 2**20, "KIB": 2**10, "GB": 10**9, "MB": 10**6, "KB": 10**3}
 
 
-def dtype_byte_size(dtype: torch.dtype) -> float:
-    """Bytes per element as Accelerate counts them: ``torch.bool`` is 1/8, every fp8 dtype 1.
+def dtype_byte_size(dtype: torch.dtype | enum.Enum) -> float:
+    """Bytes per element as Accelerate counts them: ``torch.bool`` is 1/8, every fp8 dtype 1, and a
+    ``CustomDtype`` its width (``INT4`` 1/2, ``INT2`` 1/4, ``FP8`` 1).
 
     Examples:
+        >>> dtype_byte_size(CustomDtype.INT4), dtype_byte_size(CustomDtype.FP8)
+        (0.5, 1)
         >>> dtype_byte_size(torch.bool), dtype_byte_size(torch.bfloat16), dtype_byte_size(torch.float32)
         (0.125, 2, 4)
 
     Raises:
         ValueError: a dtype without a bit width in its name.
     """
+    if isinstance(dtype, enum.Enum) and isinstance(dtype.value, str):
+        bits = dtype_bits(dtype.value)
+        return bits // 8 if bits % 8 == 0 else bits / 8
     if dtype == torch.bool:
         return 1 / 8
     if any(getattr(torch, name, None) == dtype for name in _ONE_BYTE):
@@ -126,7 +134,7 @@ def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: b
     return names
 
 
-def _dtype(value: str | torch.dtype) -> torch.dtype:
+def _dtype(value: str | torch.dtype | enum.Enum) -> torch.dtype | enum.Enum:
     if isinstance(value, str):
         found = getattr(torch, value.replace("torch.", ""))
         assert isinstance(found, torch.dtype), value

@@ -88,7 +88,10 @@ def get_max_memory(max_memory: Mapping[Any, int | str] | None = None) -> dict[De
         if device in budgets:
             raise ValueError(f"device {device!r} is given twice in max_memory (as {key!r})")
         # A float is a byte count already scaled by the caller (transformers keeps 90% of the CPU's).
-        budgets[device] = int(value) if isinstance(value, float) and value >= 0 else parse_size(value)
+        if isinstance(value, float) and value >= 0:
+            budgets[device] = int(value) if value != float("inf") else UNLIMITED_DISK
+        else:
+            budgets[device] = parse_size(value)
     if isinstance(max_memory, MutableMapping):
         for key, value in max_memory.items():
             if isinstance(value, str):

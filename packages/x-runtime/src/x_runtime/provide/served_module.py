@@ -54,7 +54,9 @@ def served_line() -> str:
     except Exception:  # a line of information must never stop an import
         real = None
     beside = f"; the real Accelerate {real} installed here is not used" if real else ""
-    return f"x-runtime: accelerate is served by x-runtime {runtime_version()} (Accelerate {ACCELERATE_API}'s API){beside}"
+    return (
+        f"x-runtime: accelerate is served by x-runtime {runtime_version()} (Accelerate {ACCELERATE_API}'s API){beside}"
+    )
 
 
 def _real_accelerate_version() -> str | None:

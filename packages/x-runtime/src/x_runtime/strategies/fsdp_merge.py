@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from x_runtime.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_NAME
+from x_runtime.core.unwrap import is_peft_model
 from x_runtime.io.files import torch_load
 from x_runtime.io.model_files import save_object
 from x_runtime.process.state import ProcessState
@@ -57,8 +58,12 @@ def _options(full: bool) -> Any:
 
 
 def _adapter_keys(model: torch.nn.Module, state: dict[str, Any], adapter_only: bool) -> dict[str, Any]:
-    """With ``adapter_only``, only a PEFT adapter's weights (``lora_*``, ``modules_to_save``)."""
-    if not adapter_only:
+    """With ``adapter_only`` and a PEFT model, only its adapter's weights (``lora_*``, ``modules_to_save``).
+
+    transformers' Trainer passes ``adapter_only=True`` for every model; a model without adapters
+    keeps all its weights, as in Accelerate.
+    """
+    if not adapter_only or not is_peft_model(model):
         return state
     return {k: v for k, v in state.items() if "lora_" in k or "modules_to_save" in k}
 

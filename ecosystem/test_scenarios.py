@@ -1,0 +1,191 @@
+"""Each scenario under the real Accelerate and under x serving it: the same losses, weights, files and maps.
+
+The accelerate side is the script started plainly (``python``, ``torchrun``) with the real
+package; the x side is the same script with ``X_PROVIDE_ACCELERATE=1`` (``python``, ``torchrun``)
+and under ``x-launch --provide-accelerate``. Results are compared whole and exactly: CPU runs are
+deterministic, so equal means bit for bit (weights by digest).
+
+    python -m pytest ecosystem/test_scenarios.py --results DIR                # both sides
+    pip uninstall -y accelerate
+    python -m pytest ecosystem/test_scenarios.py --results DIR --sides x      # x alone, against DIR
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("scenarios.py")
+TIMEOUT = 600
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    scenario: str
+    processes: int = 1
+    env: dict[str, str] = field(default_factory=dict)
+    compared: tuple[str, ...] | None = None  # the result's keys both sides share (None: all of it)
+    x_launchers: tuple[str, ...] = ("torchrun", "x-launch")
+
+    def launchers(self, side: str) -> tuple[str, ...]:
+        if side == "accelerate":
+            return ("python",) if self.processes == 1 else ("torchrun",)
+        return ("python",) if self.processes == 1 else self.x_launchers
+
+    def part(self, result: dict[str, Any]) -> dict[str, Any]:
+        keys = self.compared if self.compared is not None else tuple(result)
+        return {key: result[key] for key in keys if key in result}
+
+
+# On CPU, Accelerate 1.15 runs an FSDP plugin as plain data parallelism (MULTI_CPU: nothing sharded)
+# while x shards with FSDP2 over gloo: the numbers must agree, the checkpoint files are FSDP's on x.
+_TRAINED = ("accelerate", "losses", "eval_losses", "weights", "steps")
+
+
+CASES = (
+    Case("trainer", "trainer"),
+    Case("trainer-bf16-accumulate", "trainer", env={"BF16": "1", "GA": "2"}),
+    Case("trainer-2-processes", "trainer", processes=2),
+    Case("trainer-2-processes-bf16-accumulate", "trainer", processes=2, env={"BF16": "1", "GA": "2"}),
+    Case(
+        "trainer-fsdp2-2-processes",
+        "trainer",
+        processes=2,
+        env={"FSDP": "1"},
+        compared=_TRAINED,
+        x_launchers=("torchrun",),
+    ),
+    Case(
+        "trainer-fsdp2-sharded-checkpoints",
+        "trainer",
+        processes=2,
+        env={"FSDP": "1", "FSDP_SHARDED": "1"},
+        compared=_TRAINED,
+        x_launchers=("x-launch",),
+    ),
+    Case("sft", "sft"),
+    Case("sft-lora", "sft_lora"),
+    Case("dpo", "dpo"),
+    Case("device-maps", "device_maps"),
+)
+
+
+def _environment(case: Case, side: str, launcher: str) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("X_", "ACCELERATE_", "RANK", "WORLD_SIZE"))}
+    environ.update(case.env)
+    environ.update(
+        {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    )
+    if side == "x" and launcher != "x-launch":
+        environ["X_PROVIDE_ACCELERATE"] = "1"
+    return environ
+
+
+def _command(case: Case, side: str, launcher: str, out: Path, resume: Path | None) -> list[str]:
+    script = [str(SCRIPT), case.scenario, str(out), *(["--resume", str(resume)] if resume else [])]
+    if launcher == "python":
+        return [sys.executable, *script]
+    if launcher == "x-launch":
+        x_launch = shutil.which("x-launch", path=str(Path(sys.executable).parent)) or "x-launch"
+        return [x_launch, "--num_processes", str(case.processes), "--cpu", "--provide-accelerate", *script]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={case.processes}",
+        *script,
+    ]
+
+
+_DONE: dict[Path, dict[str, Any]] = {}
+
+
+def run(
+    case: Case, side: str, launcher: str, results: Path, *, resume: Path | None = None, tag: str = ""
+) -> dict[str, Any]:
+    """The scenario's result on one side (run once per session; the accelerate side is read back when not run here)."""
+    out = results / case.name / f"{side}-{launcher}{tag}"
+    if out in _DONE:
+        return _DONE[out]
+    if side == "accelerate" and "accelerate" not in _sides:
+        found = out / "result.json"
+        if not found.is_file():
+            pytest.fail(f"no accelerate result at {found}: run this suite with --sides accelerate,x first")
+        return json.loads(found.read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.monotonic()
+    done = subprocess.run(
+        _command(case, side, launcher, out, resume),
+        capture_output=True,
+        text=True,
+        env=_environment(case, side, launcher),
+        timeout=TIMEOUT,
+    )
+    if done.returncode != 0 or not (out / "result.json").is_file():
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
+        pytest.fail(f"{case.name} on {side} ({launcher}) exited {done.returncode}:\n{tail}")
+    result: dict[str, Any] = json.loads((out / "result.json").read_text())
+    print(f"{case.name} {side} {launcher}{tag}: {time.monotonic() - started:.1f} s")
+    _DONE[out] = result
+    return result
+
+
+_sides: tuple[str, ...] = ("accelerate", "x")
+
+
+@pytest.fixture(autouse=True)
+def _chosen_sides(sides: tuple[str, ...]) -> None:
+    global _sides
+    _sides = sides
+
+
+def _same(expected: dict[str, Any], got: dict[str, Any], what: str) -> None:
+    assert expected.pop("accelerate") == "module", f"{what}: the accelerate side did not import the real package"
+    assert got.pop("accelerate") == "ServedModule", f"{what}: the x side did not import accelerate from x"
+    assert got == expected, f"{what} differs from Accelerate's"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.name)
+def test_x_gives_accelerates_results(case: Case, results: Path) -> None:
+    expected = run(case, "accelerate", case.launchers("accelerate")[0], results)
+    for launcher in case.launchers("x"):
+        _same(case.part(expected), case.part(run(case, "x", launcher, results)), f"{case.name} under {launcher}")
+
+
+def test_a_checkpoint_resumes_exactly_across_the_two(results: Path) -> None:
+    """A Trainer checkpoint written under Accelerate resumes under x to Accelerate's uninterrupted run, and back."""
+    case = CASES[0]
+    for writer, reader in (("accelerate", "x"), ("x", "accelerate")):
+        if reader not in _sides:
+            continue
+        uninterrupted = run(case, "accelerate", "python", results)
+        run(case, writer, "python", results)  # its checkpoint-8 is the one resumed
+        checkpoint = results / case.name / f"{writer}-python" / "checkpoint-8"
+        resumed = run(case, reader, "python", results, resume=checkpoint, tag=f"-resumes-{writer}")
+        expected, got = dict(uninterrupted), dict(resumed)
+        for key in ("accelerate", "checkpoint_files"):  # the resumed run writes checkpoint-16 only
+            expected.pop(key), got.pop(key)
+        assert got == expected, f"{reader} resuming {writer}'s checkpoint-8 differs from the uninterrupted run"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.env.get("FSDP")], ids=lambda case: case.name)
+def test_an_fsdp_checkpoint_resumes_exactly(case: Case, results: Path) -> None:
+    """x's FSDP2 checkpoint of a Trainer run (Accelerate's file layout, full or sharded) resumes to the same end."""
+    launcher = case.x_launchers[0]
+    uninterrupted = run(case, "x", launcher, results)
+    checkpoint = results / case.name / f"x-{launcher}" / "checkpoint-8"
+    names = sorted(p.name for p in checkpoint.iterdir())
+    assert ("pytorch_model_fsdp_0" in names and "optimizer_0" in names) or "pytorch_model_fsdp.bin" in names, names
+    resumed = run(case, "x", launcher, results, resume=checkpoint, tag="-resumed")
+    assert {k: resumed[k] for k in _TRAINED} == {k: uninterrupted[k] for k in _TRAINED}
