@@ -12,7 +12,8 @@ whether ``accelerate`` is the real package or x's is decided by how it is starte
 
 Options through the environment, as a user's launcher would set them: ``BF16=1``, ``GA=N``
 (gradient accumulation), ``FSDP=1`` (TrainingArguments' fsdp, FSDP2), ``FSDP_SHARDED=1`` (its
-checkpoints sharded through torch.distributed.checkpoint).
+checkpoints sharded through torch.distributed.checkpoint), ``DEEPSPEED=2|3`` (a ZeRO stage, with
+``DEEPSPEED_OPTIMIZER=1`` the config's own optimizer and scheduler).
 """
 
 from __future__ import annotations
@@ -67,6 +68,15 @@ def sentences(count: int, length: int, seed: int) -> list[str]:
 
 def digest(model: torch.nn.Module) -> str:
     """sha256 over every parameter's bytes, in name order: equal digests are equal weights, bit for bit."""
+    if any(hasattr(p, "ds_id") for p in model.parameters()):  # ZeRO-3 partitions: gather them, every rank
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(model.parameters())):
+            return _digest(model)
+    return _digest(model)
+
+
+def _digest(model: torch.nn.Module) -> str:
     hashed = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         if hasattr(tensor, "full_tensor"):  # a DTensor shard (FSDP2): every rank takes part in the gather
@@ -101,6 +111,27 @@ def common_args(out: Path) -> dict[str, Any]:
     }
 
 
+def deepspeed_args() -> dict[str, Any]:
+    """``deepspeed=`` for TrainingArguments when DEEPSPEED names a ZeRO stage (DEEPSPEED_OPTIMIZER=1: the
+    config builds the optimizer and scheduler, through DummyOptim/DummyScheduler)."""
+    if not os.environ.get("DEEPSPEED"):
+        return {}
+    config: dict[str, Any] = {
+        "zero_optimization": {"stage": int(os.environ["DEEPSPEED"])},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+    }
+    if os.environ.get("DEEPSPEED_OPTIMIZER") == "1":
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}
+        config["scheduler"] = {
+            "type": "WarmupDecayLR",
+            "params": {"warmup_num_steps": "auto", "total_num_steps": "auto"},
+        }
+    return {"deepspeed": config}
+
+
 def trainer(out: Path, resume: str | None) -> dict[str, Any]:
     """Trainer: causal LM, evaluation every 8 steps (gather across ranks), checkpoints every 8, resume."""
     from transformers import Trainer, TrainingArguments
@@ -118,6 +149,7 @@ def trainer(out: Path, resume: str | None) -> dict[str, Any]:
         ):  # checkpoints through torch.distributed.checkpoint, one shard per rank
             fsdp_config["state_dict_type"] = "SHARDED_STATE_DICT"
         extra = {"fsdp": "full_shard", "fsdp_config": fsdp_config}
+    extra.update(deepspeed_args())
     args = TrainingArguments(
         **common_args(out),
         per_device_train_batch_size=4,
@@ -133,7 +165,7 @@ def trainer(out: Path, resume: str | None) -> dict[str, Any]:
     run.train(resume_from_checkpoint=resume)
     checkpoint = out / "checkpoint-8"
     files = sorted(p.name for p in checkpoint.iterdir()) if checkpoint.is_dir() else []
-    strategy = str(run.accelerator.state.distributed_type)
+    strategy = str(getattr(run.accelerator.state.distributed_type, "value", run.accelerator.state.distributed_type))
     return {**history(run), "weights": digest(run.model), "checkpoint_files": files, "strategy": strategy}
 
 
@@ -192,6 +224,7 @@ def dpo(out: Path, resume: str | None) -> dict[str, Any]:
     )
     args = DPOConfig(
         **common_args(out),
+        **deepspeed_args(),
         per_device_train_batch_size=4,
         num_train_epochs=1,
         logging_steps=1,

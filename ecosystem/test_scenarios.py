@@ -73,11 +73,36 @@ CASES = (
         compared=_TRAINED,
         x_launchers=("x-launch",),
     ),
+    Case(
+        "trainer-deepspeed-zero2",
+        "trainer",
+        processes=2,
+        env={"DEEPSPEED": "2", "DS_ACCELERATOR": "cpu"},
+        x_launchers=("x-launch",),
+    ),
+    Case(
+        "trainer-deepspeed-zero3-config-optimizer",
+        "trainer",
+        processes=2,
+        env={"DEEPSPEED": "3", "DEEPSPEED_OPTIMIZER": "1", "DS_ACCELERATOR": "cpu"},
+        x_launchers=("torchrun",),
+    ),
     Case("sft", "sft"),
     Case("sft-lora", "sft_lora"),
     Case("dpo", "dpo"),
+    Case(
+        "dpo-deepspeed-zero3",
+        "dpo",
+        processes=2,
+        env={"DEEPSPEED": "3", "DS_ACCELERATOR": "cpu"},
+        x_launchers=("torchrun",),
+    ),
     Case("device-maps", "device_maps"),
 )
+
+
+def _case(name: str) -> Case:
+    return next(case for case in CASES if case.name == name)
 
 
 def _environment(case: Case, side: str, launcher: str) -> dict[str, str]:
@@ -163,16 +188,17 @@ def test_x_gives_accelerates_results(case: Case, results: Path) -> None:
         _same(case.part(expected), case.part(run(case, "x", launcher, results)), f"{case.name} under {launcher}")
 
 
-def test_a_checkpoint_resumes_exactly_across_the_two(results: Path) -> None:
+@pytest.mark.parametrize("case", [CASES[0], _case("trainer-deepspeed-zero2")], ids=lambda case: case.name)
+def test_a_checkpoint_resumes_exactly_across_the_two(case: Case, results: Path) -> None:
     """A Trainer checkpoint written under Accelerate resumes under x to Accelerate's uninterrupted run, and back."""
-    case = CASES[0]
     for writer, reader in (("accelerate", "x"), ("x", "accelerate")):
         if reader not in _sides:
             continue
-        uninterrupted = run(case, "accelerate", "python", results)
-        run(case, writer, "python", results)  # its checkpoint-8 is the one resumed
-        checkpoint = results / case.name / f"{writer}-python" / "checkpoint-8"
-        resumed = run(case, reader, "python", results, resume=checkpoint, tag=f"-resumes-{writer}")
+        uninterrupted = run(case, "accelerate", case.launchers("accelerate")[0], results)
+        writer_launcher, reader_launcher = case.launchers(writer)[0], case.launchers(reader)[0]
+        run(case, writer, writer_launcher, results)  # its checkpoint-8 is the one resumed
+        checkpoint = results / case.name / f"{writer}-{writer_launcher}" / "checkpoint-8"
+        resumed = run(case, reader, reader_launcher, results, resume=checkpoint, tag=f"-resumes-{writer}")
         expected, got = dict(uninterrupted), dict(resumed)
         for key in ("accelerate", "checkpoint_files"):  # the resumed run writes checkpoint-16 only
             expected.pop(key), got.pop(key)

@@ -17,11 +17,13 @@ def _flat(weights: dict) -> torch.Tensor:
     return torch.cat([torch.tensor(weights[k]) for k in sorted(weights)])
 
 
-def _deepspeed(stage: int) -> dict[str, str]:
+def _deepspeed(stage: int, gather: bool = True) -> dict[str, str]:
     return {
         env.DISTRIBUTED_TYPE.name: "DEEPSPEED",
         env.DEEPSPEED_ZERO_STAGE.name: str(stage),
         env.DEEPSPEED_GRADIENT_CLIPPING.name: "0.5",
+        # ZeRO-3's whole weights are gathered for saving only when the config asks (as in Accelerate)
+        env.DEEPSPEED_ZERO3_SAVE_16BIT_MODEL.name: "1" if gather else "0",
     }
 
 
@@ -45,6 +47,7 @@ def runs(tmp_path_factory, launch) -> dict:
         run(f"zero{stage}", 2, _deepspeed(stage), "8", "0")
     for stage in (2, 3):
         run(f"zero{stage}-resume", 2, _deepspeed(stage), "0", "0", "resume", project_of=f"zero{stage}:project")
+    run("zero3-no-gather", 2, _deepspeed(3, gather=False), "4", "0")
     return results
 
 
@@ -83,3 +86,10 @@ def test_save_model_gathers_zero3_weights(runs) -> None:
     assert sorted(final) == sorted(expected)
     assert tuple(final["inp.weight"].shape) == (16, 6)
     assert all(torch.equal(final[k].flatten(), torch.tensor(v)) for k, v in expected.items())
+
+
+def test_zero3_weights_are_gathered_only_when_the_config_asks(runs) -> None:
+    refused = runs["zero3-no-gather"][0]["state_dict_refused"]
+    assert refused is not None and refused.startswith("ZeRO-3 keeps each weight in shards")
+    assert "stage3_gather_16bit_weights_on_model_save" in refused
+    assert runs["zero3"][0]["state_dict_refused"] is None

@@ -90,12 +90,17 @@ def main() -> None:
                 break
         if counter.steps == stop_at:
             break
-    weights = accelerator.get_state_dict(net)
-    accelerator.save_model(net, project / "final")
+    try:
+        weights = accelerator.get_state_dict(net)
+        accelerator.save_model(net, project / "final")
+        refused = None
+    except ValueError as exc:  # ZeRO-3 without stage3_gather_16bit_weights_on_model_save, as Accelerate refuses
+        weights, refused = {}, str(exc)
     first = next(iter(accelerator.unwrap_model(net).parameters()))
     ckpt = project / "ckpt"
     data_out = {
         "distributed_type": str(accelerator.distributed_type),
+        "state_dict_refused": refused,
         "param_type": type(first).__name__,
         "local_numel": int(first.to_local().numel()) if hasattr(first, "to_local") else int(first.numel()),
         "steps": counter.steps,

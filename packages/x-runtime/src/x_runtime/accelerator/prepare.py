@@ -82,6 +82,10 @@ class PrepareMethods(AcceleratorFields):
             wrapper = result[index]
             wrapper.optimizer = inner
             wrapper.steps_in_backward = True  # the strategy's optimizer steps inside backward
+        for index, built in replaced.stand_ins.items():
+            listed = self._prepared.schedulers if isinstance(built, AcceleratedScheduler) else self._prepared.optimizers
+            listed.append(built)
+            result[index] = built
 
     def _prepare_one(self, obj: Any, placement: bool) -> Any:
         if self._prepared.holds(obj):

@@ -34,11 +34,14 @@ class Replacements:
         models: position in the ``prepare`` call -> the object to return (and train) instead.
         optimizers: position of a prepared optimizer -> the optimizer that now steps, inside
             ``backward`` (the prepared wrapper's own ``step``/``zero_grad`` then do nothing).
+        stand_ins: position of a stand-in the strategy replaced (DeepSpeed's ``DummyOptim``,
+            ``DummyScheduler``) -> the prepared optimizer or scheduler to return for it.
         num_steps: gradient accumulation steps the strategy settled on, if it changed them.
     """
 
     models: Mapping[int, torch.nn.Module] = field(default_factory=dict)
     optimizers: Mapping[int, Any] = field(default_factory=dict)
+    stand_ins: Mapping[int, Any] = field(default_factory=dict)
     num_steps: int | None = None
 
 

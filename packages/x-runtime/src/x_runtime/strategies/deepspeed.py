@@ -1,15 +1,18 @@
 """DeepSpeed ZeRO stages 0-3: the engine built in ``prepare``, "auto" values filled, checkpoints
 through the engine.
 
-As in Accelerate, ``backward`` runs ``engine.backward`` then ``engine.step`` (the engine counts
-micro-batches and updates on accumulation boundaries, clipping to its ``gradient_clipping``);
-the prepared optimizer's ``step``/``zero_grad`` do nothing. DeepSpeed divides the loss by the
-accumulation steps itself, so the accelerator does not. The model, its optimizer and its
-dataloader must be prepared in one call: the engine needs all three.
+As in Accelerate, ``backward`` tells the engine whether this micro-batch ends an accumulation
+(``gradient_state.sync_gradients``: the ``accumulate`` context, or transformers' Trainer, decides),
+runs ``engine.backward`` and, on a boundary, ``engine.step`` (which clips to the config's
+``gradient_clipping``); the prepared optimizer's ``step``/``zero_grad`` do nothing. DeepSpeed
+divides the loss by the accumulation steps itself, so the accelerator does not. When the config
+names the optimizer or the scheduler, ``DummyOptim``/``DummyScheduler`` stand in for them in
+``prepare`` and come back as ``DeepSpeedOptimizerWrapper``/``DeepSpeedSchedulerWrapper``.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -19,15 +22,24 @@ from typing import Any
 import torch
 
 from x_common import env
+from x_runtime.data.gradient_state import GradientState
 from x_runtime.optim.optimizer import AcceleratedOptimizer
+from x_runtime.optim.scheduler import AcceleratedScheduler
 from x_runtime.process.state import ProcessState
 from x_runtime.strategies.base import Replacements
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
+from x_runtime.strategies.deepspeed_standins import (
+    DeepSpeedOptimizerWrapper,
+    DeepSpeedSchedulerWrapper,
+    DummyOptim,
+    DummyScheduler,
+)
 from x_runtime.strategies.defaults import StrategyDefaults
 
 __all__ = ["DeepSpeedStrategy", "fill_auto_values"]
 
 _INSTALL = "pip install 'x-runtime[deepspeed]'"
+logger = logging.getLogger(__name__)
 _HIDDEN_AUTO: dict[str, Callable[[int], int]] = {
     "reduce_bucket_size": lambda h: h * h,
     "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
@@ -39,8 +51,15 @@ class DeepSpeedStrategy(StrategyDefaults):
     distributed_type = "DEEPSPEED"
     scales_loss_for_accumulation = True
 
-    def __init__(self, state: ProcessState, plugin: DeepSpeedPlugin | None, mixed_precision: str):
+    def __init__(
+        self,
+        state: ProcessState,
+        plugin: DeepSpeedPlugin | None,
+        mixed_precision: str,
+        gradient_state: GradientState | None = None,
+    ):
         self.state = state
+        self.gradient_state = gradient_state or GradientState()
         if state.device.type == "cpu" and not env.DS_ACCELERATOR.is_set():
             os.environ[env.DS_ACCELERATOR.name] = "cpu"  # read by DeepSpeed when it is imported
         try:
@@ -66,6 +85,7 @@ class DeepSpeedStrategy(StrategyDefaults):
         self.plugin = plugin or DeepSpeedPlugin()
         self.mixed_precision = mixed_precision
         self.engines: dict[int, Any] = {}  # id(user's module) -> engine
+        self._warned_clipping = False
 
     # --- prepare -----------------------------------------------------------------------------
     def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -75,8 +95,8 @@ class DeepSpeedStrategy(StrategyDefaults):
         return model  # the engine is built in finish_prepare, once the optimizer and loader are known
 
     def finish_prepare(self, prepared: Sequence[Any], *, accumulation_steps: int) -> Replacements:
-        """Build the engine from the model, its optimizer and its loader; it replaces the model, and
-        its optimizer steps inside ``backward`` for the prepared one."""
+        """Build the engine from the model, its optimizer (or ``DummyOptim``) and its loader; it replaces
+        the model, and its optimizer and scheduler step inside ``backward``."""
         import deepspeed
 
         models = [
@@ -88,13 +108,13 @@ class DeepSpeedStrategy(StrategyDefaults):
             raise ValueError("DeepSpeed trains one model per accelerator; prepare one model with its optimizer")
         model = prepared[models[0]]
         optimizers = [i for i, obj in enumerate(prepared) if isinstance(obj, AcceleratedOptimizer)]
+        stand_in = next((i for i, obj in enumerate(prepared) if isinstance(obj, DummyOptim)), None)
+        schedule = next((i for i, obj in enumerate(prepared) if isinstance(obj, DummyScheduler)), None)
         loaders = [obj for obj in prepared if isinstance(obj, torch.utils.data.DataLoader)]
         config = self.plugin.config
-        if optimizers and "optimizer" in config:
-            raise ValueError(
-                f"the DeepSpeed config names an optimizer ({config['optimizer'].get('type')}) and a torch optimizer "
-                "was prepared too; drop one of them"
-            )
+        _check_stand_ins(config, prepared, optimizers, stand_in, schedule)
+        if optimizers:
+            config["zero_allow_untested_optimizer"] = True  # a torch optimizer, as Accelerate allows
         steps = fill_auto_values(
             config,
             micro_batch=loaders[0].batch_size if loaders else None,
@@ -104,30 +124,60 @@ class DeepSpeedStrategy(StrategyDefaults):
             clipping=self.plugin.gradient_clipping,
             hidden_size=_hidden_size(model),
         )
-        client = prepared[optimizers[0]].optimizer if optimizers else None
-        engine, ds_optimizer, _, _ = deepspeed.initialize(
-            model=model,
-            optimizer=client,
-            model_parameters=model.parameters() if client is None else None,
-            config=config,
-        )
+        kwargs: dict[str, Any] = {"model": model, "config": config}
+        if stand_in is not None:
+            dummy = prepared[stand_in]
+            _fill(config, {"optimizer.params.lr": dummy.lr, "optimizer.params.weight_decay": dummy.weight_decay})
+            kwargs["model_parameters"] = dummy.params
+        else:
+            client = prepared[optimizers[0]].optimizer if optimizers else None
+            kwargs["optimizer"] = client
+            if client is None:
+                kwargs["model_parameters"] = model.parameters()
+        if schedule is not None:
+            dummy_schedule = prepared[schedule]
+            if dummy_schedule.lr_scheduler_callable is not None:
+                kwargs["lr_scheduler"] = dummy_schedule.lr_scheduler_callable
+            else:
+                _fill(config, _schedule_values(dummy_schedule, self.state.world_size))
+        engine, ds_optimizer, _, ds_scheduler = deepspeed.initialize(**kwargs)
         self.engines[id(model)] = engine
+        built: dict[int, Any] = {}
+        if stand_in is not None:
+            built[stand_in] = DeepSpeedOptimizerWrapper(ds_optimizer, self.gradient_state)
+        if schedule is not None:
+            wrapped = [built[stand_in]] if stand_in is not None else []
+            built[schedule] = DeepSpeedSchedulerWrapper(ds_scheduler, wrapped, self.gradient_state)
         return Replacements(
-            models={models[0]: engine}, optimizers=dict.fromkeys(optimizers, ds_optimizer), num_steps=steps
+            models={models[0]: engine},
+            optimizers=dict.fromkeys(optimizers, ds_optimizer),
+            stand_ins=built,
+            num_steps=steps,
         )
 
     # --- the step ----------------------------------------------------------------------------
     def backward(self, loss: torch.Tensor, scaler: Any, **kwargs: Any) -> None:
         engine = self._engine()
+        boundary = self.gradient_state.sync_gradients
+        engine.set_gradient_accumulation_boundary(is_boundary=boundary)
         engine.backward(loss, **kwargs)
-        engine.step()
+        if boundary:
+            engine.step()
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
+        """The engine's global gradient norm: DeepSpeed clips inside its step, to the config's ``gradient_clipping``."""
         configured = self.plugin.config.get("gradient_clipping")
-        if configured in (None, "auto") or not math.isclose(float(configured), float(max_norm)):
-            raise ValueError(
-                f"clip_grad_norm_(max_norm={max_norm}) but the DeepSpeed config has gradient_clipping={configured}: "
-                "DeepSpeed clips inside backward; set gradient_clipping to the same value"
+        if (
+            configured not in (None, "auto")
+            and math.isfinite(max_norm)
+            and not math.isclose(float(configured), max_norm)
+        ) and not self._warned_clipping:
+            self._warned_clipping = True
+            logger.warning(
+                "clip_grad_norm_(max_norm=%s): DeepSpeed clips to gradient_clipping=%s from its config; "
+                "set the two alike",
+                max_norm,
+                configured,
             )
         norm = self._engine().get_global_grad_norm()
         return torch.as_tensor(0.0 if norm is None else float(norm))
@@ -145,6 +195,12 @@ class DeepSpeedStrategy(StrategyDefaults):
             return (engine.module if engine is not None else model).state_dict()
         import deepspeed
 
+        if not engine.zero_gather_16bit_weights_on_model_save():
+            raise ValueError(
+                "ZeRO-3 keeps each weight in shards, and the DeepSpeed config does not ask to gather them when saving: "
+                "set zero_optimization.stage3_gather_16bit_weights_on_model_save to true (zero3_save_16bit_model=True), "
+                "or save the engine's own checkpoint (save_state) and merge it with zero_to_fp32.py"
+            )
         params = list(engine.module.parameters())
         with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
             if not self.state.is_main_process:
@@ -272,3 +328,55 @@ def _hidden_size(model: torch.nn.Module) -> int | None:
     if size is None and sizes:
         size = max(sizes)
     return int(size) if size is not None else None
+
+
+def _fill(config: dict[str, Any], values: dict[str, Any]) -> None:
+    """Fill the "auto" entries at the dotted keys of ``values``; entries set in the config stay as written."""
+    for dotted, value in values.items():
+        *parents, key = dotted.split(".")
+        node: Any = config
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and node.get(key) == "auto":
+            node[key] = value
+
+
+def _schedule_values(schedule: DummyScheduler, world_size: int) -> dict[str, Any]:
+    """What a ``DummyScheduler`` fills into the config's scheduler section, as Accelerate fills it."""
+    optimizer = schedule.optimizer
+    defaults = getattr(optimizer, "defaults", None)
+    values: dict[str, Any] = {
+        "scheduler.params.warmup_min_lr": 0,
+        "scheduler.params.warmup_max_lr": defaults["lr"] if defaults is not None else getattr(optimizer, "lr", None),
+        "scheduler.params.warmup_num_steps": max(1, schedule.warmup_num_steps),  # DeepSpeed 0.19.6+ refuses 0
+    }
+    if schedule.total_num_steps is not None:
+        values["scheduler.params.total_num_steps"] = math.ceil(schedule.total_num_steps / world_size)
+    return values
+
+
+def _check_stand_ins(
+    config: dict[str, Any], prepared: Sequence[Any], optimizers: list[int], stand_in: int | None, schedule: int | None
+) -> None:
+    """The optimizer and scheduler come from the code or from the config, not both (Accelerate's rules)."""
+    if optimizers and "optimizer" in config:
+        raise ValueError(
+            f"the DeepSpeed config names an optimizer ({config['optimizer'].get('type')}) and a torch optimizer "
+            "was prepared too; drop one of them (or prepare a DummyOptim)"
+        )
+    if stand_in is not None and "optimizer" not in config:
+        raise ValueError("a DummyOptim was prepared, but the DeepSpeed config has no optimizer section to build from")
+    schedulers = [obj for obj in prepared if isinstance(obj, AcceleratedScheduler)]
+    if schedulers and "scheduler" in config:
+        raise ValueError(
+            "the DeepSpeed config names a scheduler and a torch scheduler was prepared too; drop one of them "
+            "(or prepare a DummyScheduler)"
+        )
+    if schedule is not None:
+        if "scheduler" not in config and prepared[schedule].lr_scheduler_callable is None:
+            raise ValueError(
+                "a DummyScheduler was prepared with no lr_scheduler_callable and the DeepSpeed config has no "
+                "scheduler section: give one of them"
+            )
+        if stand_in is None and optimizers:
+            raise ValueError("a DummyScheduler goes with a DummyOptim, not with a torch optimizer")

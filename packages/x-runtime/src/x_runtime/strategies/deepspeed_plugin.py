@@ -1,12 +1,18 @@
-"""``DeepSpeedPlugin``: a DeepSpeed JSON config (file or dict) or Accelerate's plugin fields.
+"""``DeepSpeedPlugin``: a DeepSpeed JSON config (file, dict or ``HfDeepSpeedConfig``) or Accelerate's plugin fields.
 
 Fields left as ``None`` take the launcher's ``deepspeed_config`` section (``x_common.env``).
 Without a config file, one is built from the fields. Values written "auto" are filled in
 ``prepare`` from what was prepared (see ``strategies.deepspeed``).
+
+The config is one dict, held by ``hf_ds_config`` (an ``HfDeepSpeedConfig``) and read through
+``config`` / ``deepspeed_config`` when ``prepare`` builds the engine: transformers' ``Trainer``
+hands its own ``HfDeepSpeedConfig`` subclass and fills its "auto" values in place after the
+Accelerator exists, and those fills must reach the engine (a copy would lose them).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,8 +60,10 @@ class DeepSpeedPlugin:
         ):
             if getattr(self, name) is None:
                 setattr(self, name, var.read())
-        self.config = self._load(self.hf_ds_config)
-        zero = self.config.setdefault("zero_optimization", {})
+        source = self.hf_ds_config
+        self.hf_ds_config = source if isinstance(source, HfDeepSpeedConfig) else HfDeepSpeedConfig(self._load(source))
+        config = self.config
+        zero = config.setdefault("zero_optimization", {})
         if "stage" not in zero or zero["stage"] == "auto":
             zero["stage"] = 2 if self.zero_stage is None else int(self.zero_stage)
         elif self.zero_stage is not None and int(zero["stage"]) != int(self.zero_stage):
@@ -72,11 +80,111 @@ class DeepSpeedPlugin:
         ):
             if device not in (None, "none") and key not in zero:
                 zero[key] = {"device": device}
-        self.config.setdefault("train_micro_batch_size_per_gpu", "auto")
-        self.config.setdefault("gradient_accumulation_steps", "auto")
+        gather = "stage3_gather_16bit_weights_on_model_save"
+        if zero.get(gather) == "auto" or (self.zero3_save_16bit_model and gather not in zero):
+            zero[gather] = bool(self.zero3_save_16bit_model)
+        config.setdefault("train_micro_batch_size_per_gpu", "auto")
+        config.setdefault("gradient_accumulation_steps", "auto")
         if self.gradient_clipping is not None:
-            self.config.setdefault("gradient_clipping", "auto")
-        self.config.setdefault("steps_per_print", 2**31 - 1)  # DeepSpeed's own progress lines off
+            config.setdefault("gradient_clipping", "auto")
+        config.setdefault("steps_per_print", 2**31 - 1)  # DeepSpeed's own progress lines off
+        self.hf_ds_config.set_stage_and_offload()
+        # ZeRO-3 builds the model partitioned unless told not to (Accelerate's default), elsewhere never.
+        self.zero3_init_flag = self.zero_stage == 3 and self.zero3_init_flag is not False
+        self._weakref: Any = None
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The DeepSpeed config the engine is built from (``hf_ds_config.config``, the same dict)."""
+        held: dict[str, Any] = self.hf_ds_config.config
+        return held
+
+    @config.setter
+    def config(self, value: dict[str, Any]) -> None:
+        self.hf_ds_config.config = value
+
+    # Accelerate's name for the same dict (transformers reassigns it after building its own HfDeepSpeedConfig).
+    deepspeed_config = config
+
+    def get_value(self, ds_key_long: str, default: Any = None) -> Any:
+        """The config's value at a dotted key (``"zero_optimization.stage"``)."""
+        return self.hf_ds_config.get_value(ds_key_long, default)
+
+    def is_auto(self, ds_key_long: str) -> bool:
+        """Whether the config says "auto" at ``ds_key_long``."""
+        return bool(self.get_value(ds_key_long) == "auto")
+
+    def fill_match(
+        self, ds_key_long: str, mismatches: list[str] | None = None, must_match: bool = True, **kwargs: Any
+    ) -> None:
+        """Fill an "auto" value from ``kwargs``; with ``must_match``, note a set value that differs from it.
+
+        Raises:
+            ValueError: the value is "auto" and ``kwargs`` does not give it.
+        """
+        node, key = self.hf_ds_config.find_config_node(ds_key_long)
+        if node is None:
+            return
+        if node.get(key) == "auto":
+            if ds_key_long not in kwargs:
+                raise ValueError(f'{ds_key_long} is "auto" in the DeepSpeed config and nothing gives its value; set it')
+            node[key] = kwargs[ds_key_long]
+        elif (
+            must_match
+            and mismatches is not None
+            and ds_key_long in kwargs
+            and node.get(key) not in (None, kwargs[ds_key_long])
+        ):
+            mismatches.append(f"- ds {ds_key_long}={node[key]} vs arg {ds_key_long}={kwargs[ds_key_long]}")
+
+    def deepspeed_config_process(self, must_match: bool = True, **kwargs: Any) -> None:
+        """``fill_match`` every key ``kwargs`` names (dotted keys, as Accelerate writes them).
+
+        Raises:
+            ValueError: with ``must_match``, set values that differ from ``kwargs``, listed.
+        """
+        mismatches: list[str] = []
+        for key in kwargs:
+            self.fill_match(key, mismatches, must_match=must_match, **kwargs)
+        if mismatches:
+            raise ValueError(
+                'these DeepSpeed config values differ from the run\'s; write them as "auto":\n' + "\n".join(mismatches)
+            )
+
+    def set_mixed_precision(self, mixed_precision: str) -> None:
+        """Turn on the config's fp16 or bf16 section for ``mixed_precision``, the other off, as Accelerate does."""
+        config = self.config
+        if mixed_precision == "fp16":
+            config.setdefault("fp16", {"enabled": True, "auto_cast": True})
+        elif mixed_precision in ("bf16", "fp8"):
+            config.setdefault("bf16", {"enabled": True})
+        if mixed_precision != "no":
+            other = "bf16" if mixed_precision == "fp16" else "fp16"
+            if str(config.get(other, {}).get("enabled", False)).lower() == "true":
+                raise ValueError(
+                    f"the DeepSpeed config enables {other}, but the run's mixed precision is {mixed_precision}"
+                )
+        for key, wanted in (("fp16", mixed_precision == "fp16"), ("bf16", mixed_precision in ("bf16", "fp8"))):
+            section = config.get(key)
+            if isinstance(section, dict) and section.get("enabled") == "auto":
+                section["enabled"] = wanted
+
+    def set_deepspeed_weakref(self) -> None:
+        """Under ZeRO-3 init, give transformers the config it builds models partitioned from (kept alive here)."""
+        if not self.zero3_init_flag:
+            return
+        from transformers.integrations import HfDeepSpeedConfig as TransformersConfig
+
+        resolved = copy.deepcopy(self.config)
+        for key in ("gradient_accumulation_steps", "train_micro_batch_size_per_gpu"):
+            if resolved.get(key, "auto") == "auto":
+                resolved[key] = 1
+        if resolved.get("train_batch_size") == "auto":
+            del resolved["train_batch_size"]
+        self._weakref = TransformersConfig(resolved)
+
+    def is_zero3_init_enabled(self) -> bool:
+        return bool(self.zero3_init_flag)
 
     @staticmethod
     def _load(source: Any) -> dict[str, Any]:

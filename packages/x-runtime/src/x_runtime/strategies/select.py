@@ -80,7 +80,7 @@ class StrategyChoice:
         if self.kind == DistributedType.DEEPSPEED:
             from x_runtime.strategies.deepspeed import DeepSpeedStrategy
 
-            return DeepSpeedStrategy(process, self.deepspeed_plugin, mixed_precision)
+            return DeepSpeedStrategy(process, self.deepspeed_plugin, mixed_precision, gradient_state)
         return DDPStrategy(process, ddp_kwargs=ddp_kwargs or {}, comm_hook=comm_hook)
 
 

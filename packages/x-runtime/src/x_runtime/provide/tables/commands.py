@@ -20,7 +20,7 @@ TABLES = (
             "is_sdaa_available is_torch_xla_available is_xpu_available patch_environment "
             "TORCH_DYNAMO_MODES"
         ),
-        x_launch="launch_command launch_command_parser",
+        x_launch="default_config_file launch_command launch_command_parser load_config_from_file",
     ),
     ModuleTable(
         "accelerate.commands.merge",

@@ -21,22 +21,22 @@ TABLES = (
     ModuleTable(
         "accelerate.accelerator",
         x_runtime=(
-            "Accelerator AcceleratorState AORecipeKwargs AutocastKwargs check_os_kernel "
-            "compare_versions convert_outputs_to_fp32 DataLoaderConfiguration DataLoaderDispatcher "
-            "DeepSpeedPlugin DistributedDataParallelKwargs DistributedType "
-            "extract_model_from_parallel filter_trackers FP8RecipeKwargs "
-            "FullyShardedDataParallelPlugin gather gather_object GeneralTracker get_logger "
-            "get_model_tp_size GradientAccumulationPlugin GradientState GradScalerKwargs "
-            "InitProcessGroupKwargs is_bf16_available is_deepspeed_available is_mlu_available "
-            "is_msamp_available is_musa_available is_npu_available is_torch_version "
-            "is_torch_xla_available is_torchao_available is_transformer_engine_available "
-            "is_xpu_available KwargsHandler load_fsdp_model load_fsdp_optimizer LOGGER_TYPE_TO_CLASS "
-            "LoggerType MODEL_NAME pad_across_processes ParallelismConfig PartialState "
-            "prepare_data_loader PROFILE_PATTERN_NAME ProfileKwargs ProjectConfiguration "
-            "recursively_apply reduce release_memory SAFE_WEIGHTS_INDEX_NAME SAFE_WEIGHTS_NAME "
-            "SAFE_WEIGHTS_PATTERN_NAME save save_fsdp_model save_fsdp_optimizer SCALER_NAME "
-            "skip_first_batches TERecipeKwargs TorchDynamoPlugin WEIGHTS_INDEX_NAME WEIGHTS_NAME "
-            "WEIGHTS_PATTERN_NAME"
+            "Accelerator AcceleratorState AORecipeKwargs AutocastKwargs check_os_kernel compare_versions "
+            "convert_outputs_to_fp32 DataLoaderConfiguration DataLoaderDispatcher "
+            "DeepSpeedOptimizerWrapper DeepSpeedPlugin DeepSpeedSchedulerWrapper "
+            "DistributedDataParallelKwargs DistributedType DummyOptim DummyScheduler "
+            "extract_model_from_parallel filter_trackers FP8RecipeKwargs FullyShardedDataParallelPlugin "
+            "gather gather_object GeneralTracker get_logger get_model_tp_size GradientAccumulationPlugin "
+            "GradientState GradScalerKwargs InitProcessGroupKwargs is_bf16_available "
+            "is_deepspeed_available is_mlu_available is_msamp_available is_musa_available "
+            "is_npu_available is_torch_version is_torch_xla_available is_torchao_available "
+            "is_transformer_engine_available is_xpu_available KwargsHandler load_fsdp_model "
+            "load_fsdp_optimizer LOGGER_TYPE_TO_CLASS LoggerType MODEL_NAME pad_across_processes "
+            "ParallelismConfig PartialState prepare_data_loader PROFILE_PATTERN_NAME ProfileKwargs "
+            "ProjectConfiguration recursively_apply reduce release_memory SAFE_WEIGHTS_INDEX_NAME "
+            "SAFE_WEIGHTS_NAME SAFE_WEIGHTS_PATTERN_NAME save save_fsdp_model save_fsdp_optimizer "
+            "SCALER_NAME skip_first_batches TERecipeKwargs TorchDynamoPlugin WEIGHTS_INDEX_NAME "
+            "WEIGHTS_NAME WEIGHTS_PATTERN_NAME"
         ),
         x_bigmodel="get_state_dict_offloaded_model has_offloaded_params",
     ),
