@@ -246,6 +246,7 @@ def ecosystem(session: nox.Session) -> None:
     install(session, PACKAGES, tools=tools)
     results = Path(session.create_tmp()) / "ecosystem"
     shutil.rmtree(results, ignore_errors=True)
+    session.run("python", "-m", "pytest", "ecosystem/test_served_names.py", "-p", "no:cacheprovider")
     scenarios = ("python", "-m", "pytest", "ecosystem/test_scenarios.py", "-p", "no:cacheprovider", "--results")
     session.run(*scenarios, str(results), *session.posargs)
     session.run("python", "-m", "pip", "uninstall", "--yes", "accelerate")

@@ -48,6 +48,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "launchers",
         "utils",  # Accelerate's accelerate.utils names, re-exported
         "provide",  # the served `accelerate` modules: tables naming the layers below (and x-bigmodel, x-launch)
+        "integrations",  # callbacks for loops other libraries drive (transformers' Trainer)
     ),
     "x_bigmodel": ("devices", "planning", "files", "offload", "loading", "dispatch", "transformers"),
 }

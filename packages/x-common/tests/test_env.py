@@ -55,6 +55,7 @@ FOREIGN_NAMES = {
     "XDG_CONFIG_HOME",
     "HF_HOME",
     "ACCELERATE_FP8_BACKEND",
+    "ACCELERATE_ENABLE_RICH",
     # Accelerate's ParallelismConfig
     "PARALLELISM_CONFIG_DP_REPLICATE_SIZE",
     "PARALLELISM_CONFIG_DP_SHARD_SIZE",
@@ -79,7 +80,7 @@ def module_env_vars() -> dict[str, EnvVar]:
 
 def test_contract_names_are_prefixed_and_unique() -> None:
     names = [var.name for var in CONTRACT]
-    assert len(names) == 40  # + X_FAILURE_REPORT, X_TORCH_DEVICE, X_PROGRESS_DIR
+    assert len(names) == 41  # + X_FAILURE_REPORT, X_TORCH_DEVICE, X_PROGRESS_DIR, X_PROVIDE_ACCELERATE
     assert len(set(names)) == len(names)
     for name in names:
         assert re.fullmatch(r"X_[A-Z][A-Z0-9_]*", name), name

@@ -236,6 +236,7 @@ XDG_CACHE_HOME = EnvVar("XDG_CACHE_HOME", Str(), None, "where per-user caches li
 XDG_CONFIG_HOME = EnvVar("XDG_CONFIG_HOME", Str(), None, "where per-user config files live (default ~/.config)")
 HF_HOME = EnvVar("HF_HOME", Str(), None, "Hugging Face's home; Accelerate keeps its config below it")
 # Accelerate's deprecated FP8RecipeKwargs reads its backend here when not given; no launcher writes it.
+ACCELERATE_ENABLE_RICH = EnvVar("ACCELERATE_ENABLE_RICH", Bool(), False, "rich tracebacks and bars (is_rich_available)")
 ACCELERATE_FP8_BACKEND = EnvVar("ACCELERATE_FP8_BACKEND", Str(), None, "FP8RecipeKwargs' backend: te or msamp")
 
 # Accelerate's ParallelismConfig reads its sizes and handlers from these when a field is not given

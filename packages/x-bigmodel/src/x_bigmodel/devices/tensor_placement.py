@@ -19,6 +19,8 @@ def set_module_tensor_to_device(
     device: int | str | torch.device,
     value: torch.Tensor | None = None,
     dtype: str | torch.dtype | None = None,
+    non_blocking: bool = False,
+    clear_cache: bool = True,
 ) -> None:
     """Put parameter or buffer ``tensor_name`` of ``module`` on ``device``, optionally with a new value.
 
@@ -34,6 +36,9 @@ def set_module_tensor_to_device(
             tensor moves, which a meta tensor cannot.
         dtype: cast floating values to this dtype. Default: a floating value takes the current
             tensor's dtype when that is floating; integer and bool values keep theirs.
+        non_blocking: an asynchronous copy to the device (from pinned memory), as ``Tensor.to`` takes it.
+        clear_cache: accepted for Accelerate's signature (diffusers passes it); x never empties the
+            device's cache here.
 
     Raises:
         AttributeError: the module has no such parameter or buffer.
@@ -60,7 +65,7 @@ def set_module_tensor_to_device(
             "this looks incorrect."
         )
     target_dtype = placement_dtype(value, old, torch_dtype(dtype) if dtype is not None else None)
-    new = value.detach().to(device=target_device, dtype=target_dtype)
+    new = value.detach().to(device=target_device, dtype=target_dtype, non_blocking=non_blocking)
     assign_tensor(owner, leaf, wrap_like(old, new))
 
 

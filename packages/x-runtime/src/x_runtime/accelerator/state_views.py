@@ -311,7 +311,7 @@ class GradientState(_LoopGradientState):
     def __init__(self, gradient_accumulation_plugin: Any = None, **kwargs: Any):
         plugin = gradient_accumulation_plugin
         if plugin is not None:
-            kwargs.setdefault("num_steps", plugin.num_steps)
+            kwargs.setdefault("num_steps", plugin.num_steps or 1)
             kwargs.setdefault("sync_with_dataloader", plugin.sync_with_dataloader)
             kwargs.setdefault("adjust_scheduler", plugin.adjust_scheduler)
         super().__init__(**kwargs)

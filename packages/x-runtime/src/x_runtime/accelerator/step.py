@@ -51,6 +51,19 @@ class StepMethods(AcceleratorFields):
             yield
 
     @contextlib.contextmanager
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> Iterator[None]:
+        """Accelerate's context-parallel block: with no context parallelism (``cp_size`` 1, the only size x
+        runs; a ParallelismConfig asking for more is refused when the Accelerator is built) it leaves the
+        buffers whole and does nothing, as Accelerate's does then. transformers' Trainer enters it each step.
+        """
+        yield
+
+    @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
         """One micro-batch: gradients sync only on accumulation boundaries and the last batch."""
         self._do_sync()

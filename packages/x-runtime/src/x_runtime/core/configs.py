@@ -355,13 +355,13 @@ class GradientAccumulationPlugin(KwargsHandler):
     """Accumulation options: steps, whether the scheduler follows them, and the last batch.
 
     Args:
-        num_steps: micro-batches per optimizer step.
+        num_steps: micro-batches per optimizer step (None: 1).
         adjust_scheduler: the scheduler counts micro-batches the way the optimizer counts steps.
         sync_with_dataloader: synchronise gradients on a loader's last batch even off a boundary.
         sync_each_batch: synchronise on every micro-batch (less memory, more communication).
     """
 
-    num_steps: int = 1
+    num_steps: int | None = None  # None: 1 step (Accelerate's default, which to_kwargs leaves out)
     adjust_scheduler: bool = True
     sync_with_dataloader: bool = True
     sync_each_batch: bool = False

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import torch
 
+from x_common import env
 from x_runtime.core.environment import patch_environment
 
 __all__ = [
@@ -307,7 +308,8 @@ def is_boto3_available() -> bool:
 
 
 def is_rich_available() -> bool:
-    return _installed("rich")
+    """rich installed and asked for (``ACCELERATE_ENABLE_RICH``), as Accelerate checks."""
+    return _installed("rich") and bool(env.ACCELERATE_ENABLE_RICH.read())
 
 
 def is_tqdm_available() -> bool:
@@ -326,7 +328,7 @@ def is_transformer_engine_available() -> bool:
 
 
 def is_msamp_available() -> bool:
-    return _installed("msamp")
+    return _installed("msamp", "ms-amp")
 
 
 def is_fp8_available() -> bool:

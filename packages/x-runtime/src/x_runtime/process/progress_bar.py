@@ -17,6 +17,10 @@ def tqdm(*args: Any, main_process_only: bool = True, **kwargs: Any) -> Any:
         >>> sum(tqdm(range(3)))
         3
     """
+    if args and isinstance(args[0], bool):
+        raise ValueError(
+            "tqdm(True, ...) / tqdm(False, ...) is Accelerate's old call: pass main_process_only=True/False instead"
+        )
     try:
         from tqdm.auto import tqdm as bar
     except ImportError:

@@ -27,6 +27,7 @@ import warnings
 
 from x_common import accelerate_import
 from x_common.accelerate_import import ACCELERATE_API
+from x_common.env import PROVIDE_ACCELERATE
 from x_common.process_env import process_env
 from x_runtime.provide.served_module import NotServedError, ServedLoader, ServedModule, not_served_message
 from x_runtime.provide.table import Home, ModuleTable
@@ -58,8 +59,8 @@ def find_spec(fullname: str) -> importlib.machinery.ModuleSpec:
     if table is None:
         raise ModuleNotFoundError(
             f"x-runtime serves accelerate ({ACCELERATE_API}'s API) but not its module {fullname}; "
-            "what x leaves out and why: docs/ecosystem.md. To use the real Accelerate instead, unset "
-            "X_PROVIDE_ACCELERATE (or drop --provide-accelerate / provide_accelerate())",
+            f"what x leaves out and why: docs/ecosystem.md. To use the real Accelerate instead, unset "
+            f"{PROVIDE_ACCELERATE.name} (or drop --provide-accelerate / provide_accelerate())",
             name=fullname,
         )
     loader = ServedLoader(table, SERVED, announce=fullname == "accelerate" and process_env().rank == 0)
@@ -84,13 +85,13 @@ def provide_accelerate() -> None:
     if real is not None and not isinstance(real, ServedModule):
         raise RuntimeError(
             f"the real Accelerate was imported already (from {getattr(real, '__file__', '?')}): call "
-            "x_runtime.provide_accelerate() before anything imports accelerate, or set X_PROVIDE_ACCELERATE=1"
+            f"x_runtime.provide_accelerate() before anything imports accelerate, or set {PROVIDE_ACCELERATE.name}=1"
         )
     if accelerate_import.install():
         early = [name for name in _USERS if name in sys.modules]
         if early:
             warnings.warn(
                 f"provide_accelerate() was called after {', '.join(early)} was imported; call it first, "
-                "or set X_PROVIDE_ACCELERATE=1, so that every import of accelerate is served by x",
+                f"or set {PROVIDE_ACCELERATE.name}=1, so that every import of accelerate is served by x",
                 stacklevel=2,
             )

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from x_common.accelerate_import import ACCELERATE_API, runtime_version
+from x_common.env import PROVIDE_ACCELERATE
 from x_runtime.provide.table import Home, ModuleTable
 
 __all__ = ["NotServedError", "ServedLoader", "ServedModule", "not_served_message", "served_line"]
@@ -42,7 +43,7 @@ def not_served_message(module: str, name: str) -> str:
     """
     return (
         f"x-runtime {runtime_version()} serves accelerate ({ACCELERATE_API}'s API) but has no {module}.{name}; "
-        f"what x leaves out and why: {DOCS}. To use the real Accelerate instead, unset X_PROVIDE_ACCELERATE "
+        f"what x leaves out and why: {DOCS}. To use the real Accelerate instead, unset {PROVIDE_ACCELERATE.name} "
         "(or drop --provide-accelerate / provide_accelerate())"
     )
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from x_common import env
-from x_runtime.strategies.deepspeed_standins import HfDeepSpeedConfig, read_deepspeed_config
+from x_runtime.strategies.deepspeed_standins import HfDeepSpeedConfig, is_file, read_deepspeed_config
 
 __all__ = ["DeepSpeedPlugin"]
 
@@ -55,11 +54,12 @@ class DeepSpeedPlugin:
             ("gradient_clipping", env.DEEPSPEED_GRADIENT_CLIPPING),
             ("offload_optimizer_device", env.DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE),
             ("offload_param_device", env.DEEPSPEED_OFFLOAD_PARAM_DEVICE),
-            ("zero3_init_flag", env.DEEPSPEED_ZERO3_INIT),
             ("zero3_save_16bit_model", env.DEEPSPEED_ZERO3_SAVE_16BIT_MODEL),
         ):
             if getattr(self, name) is None:
                 setattr(self, name, var.read())
+        if self.zero3_init_flag is None and env.DEEPSPEED_ZERO3_INIT.is_set():
+            self.zero3_init_flag = env.DEEPSPEED_ZERO3_INIT.read()  # unset: on under ZeRO-3 (below)
         source = self.hf_ds_config
         self.hf_ds_config = source if isinstance(source, HfDeepSpeedConfig) else HfDeepSpeedConfig(self._load(source))
         config = self.config
@@ -194,7 +194,7 @@ class DeepSpeedPlugin:
             return {}
         if isinstance(source, HfDeepSpeedConfig):
             source = source.config
-        if not isinstance(source, dict) and not Path(source).is_file():
+        if not isinstance(source, dict) and not is_file(str(source)):
             try:
                 return read_deepspeed_config(source)
             except ValueError:

@@ -33,6 +33,7 @@ __all__ = [
     "DummyOptim",
     "DummyScheduler",
     "HfDeepSpeedConfig",
+    "is_file",
     "read_deepspeed_config",
 ]
 
@@ -52,7 +53,7 @@ def read_deepspeed_config(source: str | os.PathLike[str] | dict[str, Any]) -> di
     if isinstance(source, dict):
         return copy.deepcopy(source)
     text = os.fspath(source)
-    if Path(text).is_file():
+    if is_file(text):
         try:
             loaded = json.loads(Path(text).read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
@@ -71,6 +72,14 @@ def read_deepspeed_config(source: str | os.PathLike[str] | dict[str, Any]) -> di
     if not isinstance(loaded, dict):
         raise ValueError(f"a DeepSpeed config is a JSON object; got {type(loaded).__name__}")
     return loaded
+
+
+def is_file(text: str) -> bool:
+    """Whether ``text`` names an existing file (``False`` for text too long to be a file name)."""
+    try:
+        return Path(text).is_file()
+    except OSError:  # JSON text longer than a file name may be ("File name too long")
+        return False
 
 
 class HfDeepSpeedConfig:
