@@ -583,9 +583,9 @@ def test_deepspeed_config_process_must_match_lists_the_mismatch_as_accelerate() 
 def test_fill_match_auto_without_a_value_raises_as_accelerate() -> None:
     ours = DeepSpeedPlugin(hf_ds_config=_plugin_config())
     theirs = AccelerateDeepSpeedPlugin(hf_ds_config=_plugin_config())
-    with pytest.raises(ValueError, match="optimizer.params.lr"):
+    with pytest.raises(ValueError, match=r"optimizer\.params\.lr"):
         theirs.fill_match("optimizer.params.lr", must_match=False)
-    with pytest.raises(ValueError, match="optimizer.params.lr"):
+    with pytest.raises(ValueError, match=r"optimizer\.params\.lr"):
         ours.fill_match("optimizer.params.lr", must_match=False)
     mismatches: list[str] = []
     ours.fill_match("optimizer.params.weight_decay", mismatches, **{"optimizer.params.weight_decay": 0.2})
