@@ -70,8 +70,8 @@ def dtype_byte_size(dtype: torch.dtype | enum.Enum) -> float:
         ValueError: a dtype without a bit width in its name.
     """
     if isinstance(dtype, enum.Enum) and isinstance(dtype.value, str):
-        bits = dtype_bits(dtype.value)
-        return bits // 8 if bits % 8 == 0 else bits / 8
+        width = dtype_bits(dtype.value)
+        return width // 8 if width % 8 == 0 else width / 8
     if dtype == torch.bool:
         return 1 / 8
     if any(getattr(torch, name, None) == dtype for name in _ONE_BYTE):

@@ -22,7 +22,7 @@ from x_runtime.process.preemption import PreemptionWatch
 __all__ = ["PreemptionCallback"]
 
 
-class PreemptionCallback(TrainerCallback):  # type: ignore[misc]  # transformers' class is untyped
+class PreemptionCallback(TrainerCallback):
     """Saves a checkpoint and ends training at the step where the job was asked to stop."""
 
     def __init__(self) -> None:

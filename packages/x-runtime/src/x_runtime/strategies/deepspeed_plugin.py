@@ -181,7 +181,7 @@ class DeepSpeedPlugin:
                 resolved[key] = 1
         if resolved.get("train_batch_size") == "auto":
             del resolved["train_batch_size"]
-        self._weakref = TransformersConfig(resolved)
+        self._weakref = TransformersConfig(resolved)  # type: ignore[no-untyped-call]  # transformers' __init__ is untyped
 
     def is_zero3_init_enabled(self) -> bool:
         return bool(self.zero3_init_flag)
