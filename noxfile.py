@@ -240,12 +240,16 @@ def ecosystem(session: nox.Session) -> None:
     with DeepSpeed's reference model, from_pretrained device maps) under the real Accelerate and under x (X_PROVIDE_ACCELERATE=1, x-launch
     --provide-accelerate), and compares losses, weights, files and maps exactly. Then Accelerate is
     uninstalled and the x side runs again, against the results kept from the first pass: x serves the
-    import where Accelerate is absent too. Posargs go to pytest.
+    import where Accelerate is absent too. Before them, ecosystem/peer_suites.py runs PEFT's and
+    transformers' own tests from their sdists on both sides, test by test (peer_gaps.txt lists what
+    may differ). Posargs go to pytest.
     """
-    tools = (*TEST_TOOLS, "transformers", "trl", "peft", "datasets", "accelerate", "deepspeed")
-    install(session, PACKAGES, tools=tools)
+    libraries = ("transformers", "trl", "peft", "datasets", "accelerate", "deepspeed")
+    peer_tools = ("parameterized", "diffusers", "scikit-learn", "scipy", "attrs")  # what PEFT's own tests import
+    install(session, PACKAGES, tools=(*TEST_TOOLS, *libraries, *peer_tools))
     results = Path(session.create_tmp()) / "ecosystem"
     shutil.rmtree(results, ignore_errors=True)
+    session.run("python", "ecosystem/peer_suites.py", "--out", str(results / "peer"))
     session.run("python", "-m", "pytest", "ecosystem/test_served_names.py", "-p", "no:cacheprovider")
     scenarios = ("python", "-m", "pytest", "ecosystem/test_scenarios.py", "-p", "no:cacheprovider", "--results")
     session.run(*scenarios, str(results), *session.posargs)

@@ -383,11 +383,19 @@ def test_provide_accelerate_from_the_environment(capsys, tmp_path: Path, monkeyp
     assert child["X_PROVIDE_ACCELERATE"] == "1" and child["ACCELERATE_MIXED_PRECISION"] == "bf16"
 
 
-def test_without_provide_accelerate_no_accelerate_variables(capsys, tmp_path: Path) -> None:
+def test_without_provide_accelerate_no_accelerate_variables(capsys, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("X_PROVIDE_ACCELERATE", raising=False)
     child = dry_run_environment(capsys, tmp_path, *BASE)
-    assert child["X_PROVIDE_ACCELERATE"] == "0"
+    assert "X_PROVIDE_ACCELERATE" not in child  # the launcher's own environment reaches the ranks unchanged
     assert child["X_MIXED_PRECISION"] == "bf16"
     assert [name for name in child if name.startswith("ACCELERATE_")] == []
+
+
+def test_a_launcher_serving_accelerate_launches_ranks_that_do_too(capsys, tmp_path: Path, monkeypatch) -> None:
+    """`accelerate launch` under X_PROVIDE_ACCELERATE=1 is x-launch: its ranks see Accelerate's variables too."""
+    monkeypatch.setenv("X_PROVIDE_ACCELERATE", "1")
+    child = dry_run_environment(capsys, tmp_path, *BASE)
+    assert child["ACCELERATE_MIXED_PRECISION"] == "bf16" and "X_PROVIDE_ACCELERATE" not in child
 
 
 def test_accelerates_variables_mean_what_accelerate_launch_sets(capsys, tmp_path: Path) -> None:

@@ -165,3 +165,23 @@ def launch_command(args: argparse.Namespace) -> None:
             raise subprocess.CalledProcessError(code, ["x-launch", *argv]) from None
     except ConfigError as exc:
         raise subprocess.CalledProcessError(exc.exit_code, ["x-launch", *argv]) from exc
+
+
+def accelerate_main() -> None:
+    """The ``accelerate`` command while x serves accelerate: ``accelerate launch/config/env/test/merge-weights``
+    run x-launch's commands of the same name (Accelerate's console script imports this ``main``).
+
+    ``accelerate estimate-memory`` is x-estimate's (``x-estimate MODEL --dtypes ...``), which x-launch
+    does not bring: one line says so, exit code 2.
+    """
+    from x_launch.cli import main
+
+    args = sys.argv[1:]
+    if args[:1] == ["estimate-memory"]:
+        print(
+            "Error: with x serving accelerate, estimate memory with x-estimate: pip install x-estimate, then "
+            f"x-estimate {' '.join(args[1:]) or 'MODEL'}",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+    main(args)

@@ -24,6 +24,14 @@ from x_launch.launch_config import TABLE, LaunchConfig
 __all__ = ["contract_environment"]
 
 
+def _served_here() -> bool:
+    """Whether this launcher runs with x serving accelerate (``accelerate launch`` under ``X_PROVIDE_ACCELERATE=1``)."""
+    try:
+        return bool(env.PROVIDE_ACCELERATE.read())
+    except ValueError:
+        return False
+
+
 def contract_environment(config: LaunchConfig) -> dict[str, str]:
     """``{variable name: text}`` for every contract variable the launch sets."""
     values: dict[env.EnvVar, Any] = {env.LAUNCHED_BY_X: True}
@@ -43,8 +51,11 @@ def contract_environment(config: LaunchConfig) -> dict[str, str]:
             values[env.DISTRIBUTED_TYPE] = "MULTI_CPU"
         else:
             values.pop(env.DISTRIBUTED_TYPE, None)
+    provided = config.provide_accelerate or _served_here()
+    if not config.provide_accelerate:
+        values.pop(env.PROVIDE_ACCELERATE, None)  # what the launcher's own environment says reaches the ranks
     environ = env.to_environ(values)
-    if config.provide_accelerate:
+    if provided:
         # transformers' TrainingArguments and PEFT read Accelerate's variables themselves (mixed precision,
         # CPU, FSDP/DeepSpeed): under x serving accelerate they see the launch as `accelerate launch` shows it.
         for var, value in values.items():

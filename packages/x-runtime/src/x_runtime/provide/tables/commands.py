@@ -7,6 +7,11 @@ TABLES = (
         "accelerate.commands",
         package=True,
     ),
+    # Accelerate's console script (`accelerate launch ...`) imports this module's main.
+    ModuleTable(
+        "accelerate.commands.accelerate_cli",
+        elsewhere={"main": "x_launch.accelerate_commands:accelerate_main"},
+    ),
     ModuleTable(
         "accelerate.commands.config",
         package=True,
