@@ -13,7 +13,7 @@ saving at three points; a second launch resumes every case from every save
   restored global RNG: another order, and every later draw (dropout) shifted by one;
 - starting a DataLoader iterator draws the workers' base seed, from the global RNG unless the
   loader has a generator: before the save in the uninterrupted run, after the restore in the
-  resumed one (the loader has a generator of its own, seeded by seed and epoch).
+  resumed one (a replayed epoch takes it from a generator of its own instead).
 
 The in-process tests below pin each mechanism on one loader.
 """
@@ -102,12 +102,17 @@ def _epochs(loader, count: int) -> list[list[list[int]]]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_starting_an_epoch_draws_nothing_from_the_global_rng(workers) -> None:
+def test_an_epoch_draws_what_a_plain_dataloader_draws(workers) -> None:
+    """The workers' base seed, once, as the iteration starts (as torch's and Accelerate's loaders draw it);
+    the seedable sampler itself draws nothing."""
+    torch.manual_seed(0)
+    for _ in DataLoader(Indexed(), batch_size=3, num_workers=workers):
+        pass
+    plain = torch.get_rng_state()
     loader = _loader(num_workers=workers)
     torch.manual_seed(0)
-    before = torch.get_rng_state()
     for _ in loader:
-        assert torch.equal(torch.get_rng_state(), before)
+        assert torch.equal(torch.get_rng_state(), plain)
 
 
 def test_a_state_saved_on_the_last_batch_resumes_at_the_next_epoch() -> None:

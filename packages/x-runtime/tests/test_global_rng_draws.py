@@ -77,6 +77,9 @@ def test_asking_for_the_seedable_sampler_keeps_it() -> None:
     config = DataLoaderConfiguration(use_seedable_sampler=True)
     loader = Accelerator(cpu=True, dataloader_config=config).prepare(DataLoader(range(8), batch_size=4, shuffle=True))
     assert isinstance(loader.sampler, SeedableRandomSampler)
-    before = torch.get_rng_state()
+    torch.manual_seed(3)
+    list(DataLoader(range(8), batch_size=4))  # a plain iteration draws its workers' base seed, once
+    plain = torch.get_rng_state()
+    torch.manual_seed(3)
     list(loader)
-    assert torch.equal(torch.get_rng_state(), before)  # its epochs draw nothing from the global RNG
+    assert torch.equal(torch.get_rng_state(), plain)  # the seedable sampler itself draws nothing, as in Accelerate
