@@ -26,7 +26,7 @@ from x_runtime.accelerator.prepare import PrepareMethods
 from x_runtime.accelerator.prepared import PreparedObjects, release_at_exit
 from x_runtime.accelerator.processes import ProcessMethods
 from x_runtime.accelerator.profile import ProfileMethods
-from x_runtime.accelerator.state_views import AcceleratorState, GradientState
+from x_runtime.accelerator.state_views import AcceleratorState, GradientState, remember_accelerator_state
 from x_runtime.accelerator.step import StepMethods
 from x_runtime.accelerator.tracking import TrackingMethods
 from x_runtime.core.configs import (
@@ -192,6 +192,7 @@ class Accelerator(
             deepspeed_plugin=in_effect if choice.kind == DistributedType.DEEPSPEED else None,
             fsdp_plugin=in_effect if choice.kind == DistributedType.FSDP else None,
         )
+        remember_accelerator_state(self.state)
         self.log_with = log_with
         if log_with is not None:  # an unknown name, a missing package or directory fails here, not at init_trackers
             from x_runtime.tracking.registry import filter_trackers

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import fields
 from types import MappingProxyType
@@ -32,7 +33,7 @@ from x_runtime.process.helpers import first_on, on_process, split_between_proces
 from x_runtime.process.state import ProcessState
 from x_runtime.strategies.select import decide
 
-__all__ = ["AcceleratorState", "GradientState", "PartialState"]
+__all__ = ["AcceleratorState", "GradientState", "PartialState", "remember_accelerator_state"]
 
 # Accelerate's spelling -> the ProcessState field it reads.
 _ALIASES = {"process_index": "rank", "num_processes": "world_size", "local_process_index": "local_rank"}
@@ -244,8 +245,11 @@ def _split_dataset(process: ProcessState, dataset: Any, apply_padding: bool) -> 
 class AcceleratorState(PartialState):
     """``PartialState`` plus what the accelerator chose: mixed precision and the sharding plugins.
 
-    Built on its own, it reads the launcher's choices (``X_MIXED_PRECISION``, the distributed
-    type); ``accelerator.state`` is the one its accelerator made.
+    ``accelerator.state`` is the one its accelerator made. Built on its own with nothing given, it
+    reports the choices of this process's latest live ``Accelerator`` (its plugins and mixed
+    precision), as Accelerate's one shared state does: libraries ask ``AcceleratorState()`` whether
+    the run is under ZeRO-3 (TRL's reference-model sync) without holding the accelerator. With no
+    accelerator alive, it reads the launcher's choices (``X_MIXED_PRECISION``, the distributed type).
 
     Examples:
         >>> AcceleratorState(cpu=True, mixed_precision="bf16").mixed_precision
@@ -261,6 +265,12 @@ class AcceleratorState(PartialState):
         fsdp_plugin: Any = None,
         **kwargs: Any,
     ):
+        given = (mixed_precision, dynamo_plugin, deepspeed_plugin, fsdp_plugin, *kwargs.values())
+        latest = _latest[0]() if _latest else None
+        if latest is not None and all(value is None for value in given) and not cpu:
+            object.__setattr__(self, "_process", latest.process_state)
+            self.__dict__.update({k: v for k, v in vars(latest).items() if k != "_process"})
+            return
         choice = decide(
             fsdp_plugin=fsdp_plugin,
             deepspeed_plugin=deepspeed_plugin,
@@ -293,6 +303,15 @@ class AcceleratorState(PartialState):
 
     def __repr__(self) -> str:
         return super().__repr__() + f"\nMixed precision type: {self.mixed_precision}\n"
+
+
+# The latest Accelerator's state view in this process (a weak reference: it is the accelerator's to keep).
+_latest: list[weakref.ref[AcceleratorState]] = []
+
+
+def remember_accelerator_state(state: AcceleratorState) -> None:
+    """Make ``state`` what ``AcceleratorState()`` built on its own reports (the ``Accelerator`` calls this)."""
+    _latest[:] = [weakref.ref(state)]
 
 
 class GradientState(_LoopGradientState):
