@@ -51,11 +51,13 @@ def decoder() -> Decoder:
 # ---------------------------------------------------------------------------- get_max_memory
 
 
-def test_max_memory_parses_orders_and_does_not_mutate() -> None:
+def test_max_memory_parses_orders_and_converts_the_callers_sizes_in_place() -> None:
     given = {"disk": "1GiB", "cpu": "2MiB", 1: "1MiB", "cuda:0": 500, "mps": "1KB"}
     assert get_max_memory(given) == {0: 500, 1: 2**20, "mps": 1000, "cpu": 2 * 2**20, "disk": 2**30}
     assert list(get_max_memory(given)) == [0, 1, "mps", "cpu", "disk"]
-    assert given["cpu"] == "2MiB"
+    # As Accelerate: string sizes become bytes in the caller's dict (transformers compares it with the result),
+    # its keys as written.
+    assert given == {"disk": 2**30, "cpu": 2 * 2**20, 1: 2**20, "cuda:0": 500, "mps": 1000}
 
 
 def test_max_memory_warns_about_missing_gpus(caplog: pytest.LogCaptureFixture) -> None:
