@@ -76,8 +76,20 @@ def fetch(name: str, into: Path) -> Path:
     version = importlib.metadata.version(name)
     into.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        [sys.executable, "-m", "pip", "download", f"{name}=={version}", "--no-binary", ":all:", "--no-deps",
-         "--no-build-isolation", "-q", "-d", str(into)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            f"{name}=={version}",
+            "--no-binary",
+            ":all:",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-d",
+            str(into),
+        ],
         check=True,
     )
     archive = next(into.glob(f"{name}-{version}.tar.gz"))
@@ -94,7 +106,18 @@ def run(suite: Suite, root: Path, side: str, out: Path) -> dict[str, str]:
     if side == "x":
         environ["X_PROVIDE_ACCELERATE"] = "1"
     started = time.monotonic()
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-W", "ignore::DeprecationWarning"]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=",
+        "-W",
+        "ignore::DeprecationWarning",
+    ]
     subprocess.run([*argv, f"--junitxml={report}", *suite.args], cwd=root, env=environ, capture_output=True, text=True)
     print(f"{suite.name} on {side}: {time.monotonic() - started:.0f} s")
     outcomes: dict[str, str] = {}
@@ -134,7 +157,9 @@ def main() -> None:
         rows.append((name, len(theirs), len(passing), len(passing) - len(missed), len(missed)))
         for test in missed:
             if f"{name}:{test}" not in gaps:
-                failures.append(f"{name}: {test} passes with Accelerate, {ours.get(test, 'absent')} with x (not listed)")
+                failures.append(
+                    f"{name}: {test} passes with Accelerate, {ours.get(test, 'absent')} with x (not listed)"
+                )
         for key in gaps:
             if key.startswith(f"{name}:") and ours.get(key.split(":", 1)[1]) == "passed":
                 failures.append(f"{key} is listed in peer_gaps.txt but passes with x now: take its line out")
@@ -142,7 +167,10 @@ def main() -> None:
     for name, total, passing, same, missed in rows:
         print(f"{name:<14}{total:>7}{passing:>22}{same:>13}{missed:>8}")
     if args.update_gaps:
-        lines = [f"{key} | {gaps.get(key, ('gap', 'to explain'))[0]} | {gaps.get(key, ('gap', 'to explain'))[1]}" for key in sorted(found)]
+        lines = [
+            f"{key} | {gaps.get(key, ('gap', 'to explain'))[0]} | {gaps.get(key, ('gap', 'to explain'))[1]}"
+            for key in sorted(found)
+        ]
         header = [line for line in GAPS.read_text().splitlines() if line.startswith("#")] if GAPS.exists() else []
         GAPS.write_text("\n".join([*header, *lines]) + "\n")
         return

@@ -41,7 +41,10 @@ class TinyLlamaTester:
 
     def prepare_config_and_inputs_for_common(self):
         ids = ids_tensor([self.batch_size, self.seq_length], self.vocab_size)
-        return self.get_config(), {"input_ids": ids, "attention_mask": random_attention_mask([self.batch_size, self.seq_length])}
+        return self.get_config(), {
+            "input_ids": ids,
+            "attention_mask": random_attention_mask([self.batch_size, self.seq_length]),
+        }
 
 
 class TinyLlamaCommonTest(ModelTesterMixin, unittest.TestCase):
