@@ -13,7 +13,8 @@ whether ``accelerate`` is the real package or x's is decided by how it is starte
 Options through the environment, as a user's launcher would set them: ``BF16=1``, ``GA=N``
 (gradient accumulation), ``FSDP=1`` (TrainingArguments' fsdp, FSDP2), ``FSDP_SHARDED=1`` (its
 checkpoints sharded through torch.distributed.checkpoint), ``DEEPSPEED=2|3`` (a ZeRO stage, with
-``DEEPSPEED_OPTIMIZER=1`` the config's own optimizer and scheduler).
+``DEEPSPEED_OPTIMIZER=1`` the config's own optimizer and scheduler), ``LOAD_AFTER_ARGS=1`` (the model
+loaded from a checkpoint after TrainingArguments: partitioned as it loads under ZeRO-3).
 """
 
 from __future__ import annotations
@@ -136,7 +137,14 @@ def trainer(out: Path, resume: str | None) -> dict[str, Any]:
     """Trainer: causal LM, evaluation every 8 steps (gather across ranks), checkpoints every 8, resume."""
     from transformers import Trainer, TrainingArguments
 
-    model = tiny_llama()
+    # LOAD_AFTER_ARGS=1: the model is loaded once TrainingArguments exist, as scripts loading a checkpoint do;
+    # under ZeRO-3 transformers then builds it partitioned (zero.Init) from the HfDeepSpeedConfig.
+    load_after = os.environ.get("LOAD_AFTER_ARGS") == "1"
+    source = out / f"model-rank{os.environ.get('RANK', '0')}"
+    if load_after:
+        tiny_llama().save_pretrained(source)
+    else:
+        model = tiny_llama()
     generator = torch.Generator().manual_seed(1)
     data = [{"input_ids": torch.randint(0, 120, (16,), generator=generator)} for _ in range(64)]
     for item in data:
@@ -161,6 +169,10 @@ def trainer(out: Path, resume: str | None) -> dict[str, Any]:
         eval_steps=8,
         **extra,
     )
+    if load_after:
+        from transformers import LlamaForCausalLM
+
+        model = LlamaForCausalLM.from_pretrained(source)
     run = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:16])
     run.train(resume_from_checkpoint=resume)
     checkpoint = out / "checkpoint-8"

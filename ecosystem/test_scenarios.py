@@ -87,6 +87,13 @@ CASES = (
         env={"DEEPSPEED": "3", "DEEPSPEED_OPTIMIZER": "1", "DS_ACCELERATOR": "cpu"},
         x_launchers=("torchrun",),
     ),
+    Case(
+        "trainer-deepspeed-zero3-loaded-partitioned",
+        "trainer",
+        processes=2,
+        env={"DEEPSPEED": "3", "LOAD_AFTER_ARGS": "1", "DS_ACCELERATOR": "cpu"},
+        x_launchers=("torchrun",),
+    ),
     Case("sft", "sft"),
     Case("sft-lora", "sft_lora"),
     Case("dpo", "dpo"),

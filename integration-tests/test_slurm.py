@@ -238,3 +238,41 @@ def test_training_under_slurm_equals_the_single_process_run(job, tmp_path: Path,
     assert got.keys() == single_process_weights.keys()
     for name, value in got.items():
         torch.testing.assert_close(value, single_process_weights[name], rtol=1e-5, atol=1e-5)
+
+
+TRAINER = Path(__file__).resolve().parent / "workers" / "trainer_job.py"
+
+
+@pytest.fixture(scope="module")
+def trainer_reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """transformers' Trainer on 2 processes under x-launch (torchrun), x serving accelerate: the final weights."""
+    pytest.importorskip("transformers")
+    out = tmp_path_factory.mktemp("trainer-reference")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("X_", "SLURM_", "RANK", "WORLD_SIZE", "MASTER_"))}
+    clean["OMP_NUM_THREADS"] = "1"
+    launcher = str(Path(sys.executable).with_name("x-launch"))
+    argv = [launcher, "--num_processes", "2", "--cpu", "--provide-accelerate", str(TRAINER), str(out)]
+    done = subprocess.run(argv, env=clean, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    from safetensors.torch import load_file
+
+    return load_file(str(out / "final.safetensors"))
+
+
+@pytest.mark.parametrize("how", ["x-launch", "python"])
+def test_a_trainer_run_under_srun_serving_accelerate_equals_torchrun(job, tmp_path: Path, how, trainer_reference) -> None:
+    """srun's tasks as ranks, x serving `import accelerate`: through x-launch --provide-accelerate, or plain python."""
+    import torch
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    if how == "x-launch":
+        argv = ("srun", "--nodes=1", "--ntasks=2", "X_LAUNCH", "--cpu", "--provide-accelerate", str(TRAINER), str(out))
+    else:
+        argv = ("srun", "--nodes=1", "--ntasks=2", "--export=ALL,X_PROVIDE_ACCELERATE=1", sys.executable, str(TRAINER), str(out))
+    result, _ = job(*argv)
+    assert result.returncode == 0, log(result, tmp_path)
+    assert (result.stdout + result.stderr).count("accelerate is served by x-runtime") == 1, log(result, tmp_path)
+    got = load_file(str(out / "final.safetensors"))
+    assert got.keys() == trainer_reference.keys()
+    assert all(torch.equal(got[name], trainer_reference[name]) for name in got)

@@ -3,13 +3,15 @@
 ``workers/trainer_job.py`` is a Trainer run (tiny Llama, dropout on) on 2 CPU processes under
 ``x-launch --provide-accelerate``. Preempted mid-run (USR1 to x-launch), with x's
 ``PreemptionCallback``, every rank stops at one step, Trainer writes its checkpoint there, and the
-run resumed from it ends with the uninterrupted run's weights, bit for bit. With a rank stuck inside
+run resumed from it ends with the uninterrupted run's weights, bit for bit; with
+``CompleteCheckpoints`` a newer folder half-written when the job died is skipped. With a rank stuck inside
 a step, the stall watchdog names it and ends the job (exit 124) within its timeout.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,7 +46,7 @@ def test_a_preempted_trainer_run_saves_at_one_step_and_resumes_exactly(tmp_path:
     _finished([*_x_launch(), str(WORKER), str(reference)], environ)
 
     run, progress = tmp_path / "run", tmp_path / "progress"
-    argv = [*_x_launch(), str(WORKER), str(run), "--preemptible", "--pace", "0.3", "--progress", str(progress)]
+    argv = [*_x_launch(), str(WORKER), str(run), "--preemptible", "--complete", "--pace", "0.3", "--progress", str(progress)]
     with open(tmp_path / "stderr", "w") as err:
         job = subprocess.Popen(argv, env=environ, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     deadline = time.monotonic() + TIMEOUT
@@ -65,8 +67,16 @@ def test_a_preempted_trainer_run_saves_at_one_step_and_resumes_exactly(tmp_path:
     assert (run / f"checkpoint-{stopped}").is_dir(), sorted(p.name for p in run.iterdir())
     assert "x-launch: preempted; the ranks saved and exited" in stderr
 
+    assert (run / f"checkpoint-{stopped}" / "x_checkpoint_complete").is_file()
+    # A newer folder the job died while writing: transformers' get_last_checkpoint would take it.
+    broken = run / f"checkpoint-{stopped + 1}"
+    shutil.copytree(run / f"checkpoint-{stopped}", broken)
+    (broken / "x_checkpoint_complete").unlink()
+    (broken / "optimizer.pt").write_bytes((broken / "optimizer.pt").read_bytes()[:100])
+
     (run / "final.safetensors").unlink()
-    _finished([*_x_launch(), str(WORKER), str(run), "--resume"], environ)
+    resumed = _finished([*_x_launch(), str(WORKER), str(run), "--complete", "--resume"], environ)
+    assert f"{broken} is incomplete" in resumed.stderr
     want, got = load_file(reference / "final.safetensors"), load_file(run / "final.safetensors")
     assert got.keys() == want.keys()
     assert all(torch.equal(got[name], want[name]) for name in want), (

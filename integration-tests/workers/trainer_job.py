@@ -1,13 +1,14 @@
 """A transformers Trainer run on x serving accelerate, for x's strengths under Trainer (test_trainer_on_x.py).
 
     x-launch --provide-accelerate --num_processes 2 --cpu trainer_job.py OUT [--pace S] [--progress FILE]
-        [--hang-rank R --hang-step N] [--preemptible] [--resume]
+        [--hang-rank R --hang-step N] [--preemptible] [--complete] [--resume]
 
 A tiny Llama (dropout on, so the global random stream matters) trains 24 steps on 2 processes,
 checkpointing every 6. ``--progress`` has rank 0 write the step it finished; ``--pace`` sleeps
 after each step (so a test can act mid-run); ``--hang-rank`` makes one rank sleep inside step N
-(the stall watchdog's case); ``--preemptible`` adds x's PreemptionCallback; ``--resume`` resumes
-from the latest checkpoint in OUT. Rank 0 writes OUT/final.safetensors and OUT/stopped_at.
+(the stall watchdog's case); ``--preemptible`` adds x's PreemptionCallback; ``--complete`` adds
+CompleteCheckpoints; ``--resume`` resumes from the latest checkpoint in OUT (with ``--complete``, the
+newest complete one). Rank 0 writes OUT/final.safetensors and OUT/stopped_at.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--hang-step", type=int, default=-1)
     parser.add_argument("--preemptible", action="store_true")
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--complete", action="store_true", help="x's CompleteCheckpoints; resume from the newest complete one")
     args = parser.parse_args()
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -80,7 +82,16 @@ def main() -> None:
 
         preemption = PreemptionCallback()
         trainer.add_callback(preemption)
-    trainer.train(resume_from_checkpoint=get_last_checkpoint(str(args.out)) if args.resume else None)
+    resume = None
+    if args.resume:
+        from x_runtime.integrations.transformers import last_complete_checkpoint
+
+        resume = last_complete_checkpoint(args.out) if args.complete else get_last_checkpoint(str(args.out))
+    if args.complete:
+        from x_runtime.integrations.transformers import CompleteCheckpoints
+
+        trainer.add_callback(CompleteCheckpoints())
+    trainer.train(resume_from_checkpoint=resume)
     if int(os.environ.get("RANK", "0")) == 0:
         state = {k: v.detach().contiguous() for k, v in trainer.model.state_dict().items()}
         save_file(state, str(args.out / "final.safetensors"))
