@@ -23,10 +23,10 @@ import accelerate.utils.imports as accelerate_imports
 import pytest
 import torch
 from accelerate.utils import DeepSpeedPlugin as AccelerateDeepSpeedPlugin
-from accelerate.utils import DummyOptim as AccelerateDummyOptim
-from accelerate.utils import DummyScheduler as AccelerateDummyScheduler
 from accelerate.utils import GradientAccumulationPlugin as AccelerateGradientAccumulationPlugin
 from accelerate.utils.dataclasses import get_module_class_from_name as accelerate_get_module_class_from_name
+from accelerate.utils.deepspeed import DummyOptim as AccelerateDummyOptim
+from accelerate.utils.deepspeed import DummyScheduler as AccelerateDummyScheduler
 from accelerate.utils.deepspeed import HfDeepSpeedConfig as AccelerateHfDeepSpeedConfig
 from accelerate.utils.fsdp_utils import get_parameters_from_modules as accelerate_get_parameters_from_modules
 

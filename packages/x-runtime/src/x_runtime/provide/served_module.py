@@ -15,6 +15,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
+import importlib.util
 import sys
 import types
 from collections.abc import Mapping
@@ -90,7 +91,11 @@ class ServedModule(types.ModuleType):
         object.__setattr__(self, "_ServedModule__submodules", submodules)
         if table.package:
             object.__setattr__(self, "__path__", [])
-        object.__setattr__(self, "__all__", [n for n in table.homes if not n.startswith("_")])
+        # `from accelerate.utils import *` takes what the installed x packages serve (x-bigmodel may be absent).
+        present = {home.module.split(".")[0] for home in table.homes.values()}
+        present = {top for top in present if importlib.util.find_spec(top) is not None}
+        names = [n for n, home in table.homes.items() if not n.startswith("_") and home.module.split(".")[0] in present]
+        object.__setattr__(self, "__all__", names)
 
     def __getattr__(self, name: str) -> Any:
         table: ModuleTable = object.__getattribute__(self, "_ServedModule__table")
