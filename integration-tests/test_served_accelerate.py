@@ -21,6 +21,10 @@ pytest.importorskip("accelerate")
 from x_runtime.provide import SERVED
 
 X_PACKAGES = ("x_runtime", "x_bigmodel", "x_launch")
+# Names Accelerate's module holds only beside DeepSpeed (accelerate/utils/__init__.py imports them under
+# is_deepspeed_available()); x serves them whatever is installed: without DeepSpeed they are read from
+# accelerate.utils.deepspeed, which always holds them.
+BESIDE_DEEPSPEED = {"accelerate.utils", "accelerate.accelerator"}
 
 
 def _kind(value: Any) -> str:
@@ -49,12 +53,14 @@ def test_every_served_name_is_accelerates(module: str) -> None:
     table = SERVED[module]
     assert table.package == hasattr(real, "__path__"), f"{module}: package={table.package} in the table"
     problems = []
+    deepspeed = importlib.import_module("accelerate.utils.deepspeed")
     for name, home in table.homes.items():
-        if not hasattr(real, name):
+        holder = deepspeed if module in BESIDE_DEEPSPEED and not hasattr(real, name) else real
+        if not hasattr(holder, name):
             problems.append(f"{name}: Accelerate's {module} has no such name")
             continue
         ours = getattr(importlib.import_module(home.module), home.attr)
-        theirs = getattr(real, name)
+        theirs = getattr(holder, name)
         # DistributedType, LoggerType...: Accelerate's enums are plain classes of string constants in x.
         kinds = {_kind(ours), _kind(theirs)}
         if len(kinds) > 1 and kinds != {"enum", "class"}:

@@ -260,7 +260,9 @@ def trainer_reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.parametrize("how", ["x-launch", "python"])
-def test_a_trainer_run_under_srun_serving_accelerate_equals_torchrun(job, tmp_path: Path, how, trainer_reference) -> None:
+def test_a_trainer_run_under_srun_serving_accelerate_equals_torchrun(
+    job, tmp_path: Path, how, trainer_reference
+) -> None:
     """srun's tasks as ranks, x serving `import accelerate`: through x-launch --provide-accelerate, or plain python."""
     import torch
     from safetensors.torch import load_file
@@ -269,7 +271,15 @@ def test_a_trainer_run_under_srun_serving_accelerate_equals_torchrun(job, tmp_pa
     if how == "x-launch":
         argv = ("srun", "--nodes=1", "--ntasks=2", "X_LAUNCH", "--cpu", "--provide-accelerate", str(TRAINER), str(out))
     else:
-        argv = ("srun", "--nodes=1", "--ntasks=2", "--export=ALL,X_PROVIDE_ACCELERATE=1", sys.executable, str(TRAINER), str(out))
+        argv = (
+            "srun",
+            "--nodes=1",
+            "--ntasks=2",
+            "--export=ALL,X_PROVIDE_ACCELERATE=1",
+            sys.executable,
+            str(TRAINER),
+            str(out),
+        )
     result, _ = job(*argv)
     assert result.returncode == 0, log(result, tmp_path)
     assert (result.stdout + result.stderr).count("accelerate is served by x-runtime") == 1, log(result, tmp_path)

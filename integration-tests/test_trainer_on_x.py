@@ -46,7 +46,17 @@ def test_a_preempted_trainer_run_saves_at_one_step_and_resumes_exactly(tmp_path:
     _finished([*_x_launch(), str(WORKER), str(reference)], environ)
 
     run, progress = tmp_path / "run", tmp_path / "progress"
-    argv = [*_x_launch(), str(WORKER), str(run), "--preemptible", "--complete", "--pace", "0.3", "--progress", str(progress)]
+    argv = [
+        *_x_launch(),
+        str(WORKER),
+        str(run),
+        "--preemptible",
+        "--complete",
+        "--pace",
+        "0.3",
+        "--progress",
+        str(progress),
+    ]
     with open(tmp_path / "stderr", "w") as err:
         job = subprocess.Popen(argv, env=environ, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     deadline = time.monotonic() + TIMEOUT

@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--hang-step", type=int, default=-1)
     parser.add_argument("--preemptible", action="store_true")
     parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--complete", action="store_true", help="x's CompleteCheckpoints; resume from the newest complete one")
+    parser.add_argument(
+        "--complete", action="store_true", help="x's CompleteCheckpoints; resume from the newest complete one"
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     config = LlamaConfig(

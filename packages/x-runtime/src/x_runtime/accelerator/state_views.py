@@ -330,7 +330,7 @@ class GradientState(_LoopGradientState):
     def __init__(self, gradient_accumulation_plugin: Any = None, **kwargs: Any):
         plugin = gradient_accumulation_plugin
         if plugin is not None:
-            kwargs.setdefault("num_steps", plugin.num_steps or 1)
+            kwargs.setdefault("num_steps", 1 if plugin.num_steps is None else plugin.num_steps)
             kwargs.setdefault("sync_with_dataloader", plugin.sync_with_dataloader)
             kwargs.setdefault("adjust_scheduler", plugin.adjust_scheduler)
         super().__init__(**kwargs)

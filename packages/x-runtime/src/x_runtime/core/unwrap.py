@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from typing import Any
 
@@ -47,8 +46,6 @@ def is_peft_model(model: Any) -> bool:
         >>> is_peft_model(torch.nn.Linear(1, 1))
         False
     """
-    if "peft" not in sys.modules and importlib.util.find_spec("peft") is None:
-        return False
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
+    # A PEFT model exists only once peft is imported: nothing to import (or depend on) here.
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)

@@ -10,6 +10,7 @@ TABLES = (
     # Accelerate's console script (`accelerate launch ...`) imports this module's main.
     ModuleTable(
         "accelerate.commands.accelerate_cli",
+        x_launch="launch_command_parser merge_command_parser",
         elsewhere={"main": "x_launch.accelerate_commands:accelerate_main"},
     ),
     ModuleTable(
