@@ -118,8 +118,12 @@ def run(suite: Suite, root: Path, side: str, out: Path) -> dict[str, str]:
         "-W",
         "ignore::DeprecationWarning",
     ]
-    subprocess.run([*argv, f"--junitxml={report}", *suite.args], cwd=root, env=environ, capture_output=True, text=True)
+    done = subprocess.run(
+        [*argv, f"--junitxml={report}", *suite.args], cwd=root, env=environ, capture_output=True, text=True
+    )
     print(f"{suite.name} on {side}: {time.monotonic() - started:.0f} s")
+    if not report.is_file():
+        raise SystemExit(f"pytest wrote no report for {suite.name} on {side}:\n{(done.stdout + done.stderr)[-3000:]}")
     outcomes: dict[str, str] = {}
     for case in ElementTree.parse(report).iter("testcase"):
         test = f"{case.get('classname')}::{case.get('name')}"
@@ -144,6 +148,7 @@ def main() -> None:
     parser.add_argument("--suites", default=",".join(SUITES))
     parser.add_argument("--update-gaps", action="store_true", help="rewrite peer_gaps.txt from this run")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # pytest runs inside each sdist's folder
     gaps = read_gaps()
     failures, rows, found = [], [], {}
     for name in args.suites.split(","):
