@@ -32,24 +32,24 @@ import torch
 VOCAB = 128
 
 
-def tiny_llama(**extra: Any) -> Any:
+def tiny_llama(**overrides: Any) -> Any:
+    """A 2-layer Llama built from its config, seeded; ``overrides`` change the config."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attention_dropout=0.1,  # dropout draws from the global RNG: its stream is compared too
-        pad_token_id=120,
-        eos_token_id=121,
-        **extra,
-    )
-    return LlamaForCausalLM(config)
+    settings: dict[str, Any] = {
+        "vocab_size": VOCAB,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "attention_dropout": 0.1,  # dropout draws from the global RNG: its stream is compared too
+        "pad_token_id": 120,
+        "eos_token_id": 121,
+    }
+    return LlamaForCausalLM(LlamaConfig(**(settings | overrides)))
 
 
 def tokenizer() -> Any:
@@ -251,20 +251,12 @@ def dpo(out: Path, resume: str | None) -> dict[str, Any]:
 
 def device_maps(out: Path, resume: str | None) -> dict[str, Any]:
     """``from_pretrained(device_map=...)``: strategies, budgets, a dict with disk entries, an offload folder."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     source = out / "model"
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
+    tiny_llama(hidden_size=64, intermediate_size=128, num_hidden_layers=4, attention_dropout=0.0).save_pretrained(
+        source
     )
-    LlamaForCausalLM(config).save_pretrained(source)
     layers = {f"model.layers.{i}": "disk" if i % 2 else "cpu" for i in range(4)}
     cases: dict[str, dict[str, Any]] = {
         "cpu": {"device_map": "cpu"},

@@ -131,7 +131,7 @@ def test_a_name_x_lacks_raises_an_import_error_naming_x() -> None:
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
     assert lines["import"].startswith(
         f"x-runtime {x_runtime.__version__} serves accelerate ({ACCELERATE_API}'s API) but has no "
-        "accelerate.utils.MegatronLMPlugin; what x leaves out and why: docs/ecosystem.md"
+        "accelerate.utils.MegatronLMPlugin; what x leaves out and why: https://github.com/x-project/x/blob/main/docs/ecosystem.md"
     )
     assert lines["hasattr"] == "False" and lines["attribute"] == "AttributeError"
     assert lines["module"].startswith(

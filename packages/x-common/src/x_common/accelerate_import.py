@@ -30,6 +30,7 @@ Examples:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -101,6 +102,7 @@ class ServedDistribution(importlib.metadata.Distribution):
         return Path(__file__).parent / path
 
 
+@functools.lru_cache(maxsize=1)
 def runtime_version() -> str:
     """The installed x-runtime's version, read from its metadata (no import of x-runtime)."""
     try:

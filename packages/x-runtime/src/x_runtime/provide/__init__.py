@@ -29,7 +29,7 @@ from x_common import accelerate_import
 from x_common.accelerate_import import ACCELERATE_API
 from x_common.env import PROVIDE_ACCELERATE
 from x_common.process_env import process_env
-from x_runtime.provide.served_module import NotServedError, ServedLoader, ServedModule, not_served_message
+from x_runtime.provide.served_module import DOCS, NotServedError, ServedLoader, ServedModule, not_served_message
 from x_runtime.provide.table import Home, ModuleTable
 from x_runtime.provide.tables import SERVED
 
@@ -59,7 +59,7 @@ def find_spec(fullname: str) -> importlib.machinery.ModuleSpec:
     if table is None:
         raise ModuleNotFoundError(
             f"x-runtime serves accelerate ({ACCELERATE_API}'s API) but not its module {fullname}; "
-            f"what x leaves out and why: docs/ecosystem.md. To use the real Accelerate instead, unset "
+            f"what x leaves out and why: {DOCS}. To use the real Accelerate instead, unset "
             f"{PROVIDE_ACCELERATE.name} (or drop --provide-accelerate / provide_accelerate())",
             name=fullname,
         )

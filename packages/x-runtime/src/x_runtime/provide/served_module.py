@@ -28,7 +28,7 @@ from x_runtime.provide.table import Home, ModuleTable
 __all__ = ["NotServedError", "ServedLoader", "ServedModule", "not_served_message", "served_line"]
 
 _IMPORT_FROM = dis.opmap["IMPORT_FROM"]
-DOCS = "docs/ecosystem.md"
+DOCS = "https://github.com/x-project/x/blob/main/docs/ecosystem.md"
 
 
 class NotServedError(ImportError):
