@@ -395,7 +395,7 @@ def _hardware_tests(
     if not present:
         session.skip(absent_reason)
     install(session, PACKAGES, torch=torch, tools=(*TEST_TOOLS, *extra))
-    paths = [f"packages/{p.name}/tests" for p in PACKAGES] + ["integration-tests"]
+    paths = [f"packages/{p.name}/tests" for p in PACKAGES] + ["integration-tests", "ecosystem/test_scenarios.py"]
     run_pytest(session, "-m", marker, *paths)
 
 
@@ -409,6 +409,7 @@ def tests_gpu(session: nox.Session) -> None:
         torch=CUDA,
         present=present,
         absent_reason="no NVIDIA GPU here (no nvidia-smi or /dev/nvidia0)",
+        extra=("transformers", "trl", "peft", "datasets", "accelerate", "deepspeed"),  # the ecosystem's GPU cases
     )
 
 

@@ -14,7 +14,8 @@ Options through the environment, as a user's launcher would set them: ``BF16=1``
 (gradient accumulation), ``FSDP=1`` (TrainingArguments' fsdp, FSDP2), ``FSDP_SHARDED=1`` (its
 checkpoints sharded through torch.distributed.checkpoint), ``DEEPSPEED=2|3`` (a ZeRO stage, with
 ``DEEPSPEED_OPTIMIZER=1`` the config's own optimizer and scheduler), ``LOAD_AFTER_ARGS=1`` (the model
-loaded from a checkpoint after TrainingArguments: partitioned as it loads under ZeRO-3).
+loaded from a checkpoint after TrainingArguments: partitioned as it loads under ZeRO-3), ``DEVICE=cuda``
+with ``FP16=1`` (the GPU cases: the fp16 scaler, NCCL, device maps onto GPU 0).
 """
 
 from __future__ import annotations
@@ -105,8 +106,9 @@ def common_args(out: Path) -> dict[str, Any]:
         "output_dir": str(out),
         "report_to": [],
         "seed": 42,
-        "use_cpu": True,
+        "use_cpu": os.environ.get("DEVICE", "cpu") == "cpu",  # DEVICE=cuda: the GPU cases
         "bf16": os.environ.get("BF16") == "1",
+        "fp16": os.environ.get("FP16") == "1",
         "gradient_accumulation_steps": int(os.environ.get("GA", "1")),
         "disable_tqdm": True,
     }
@@ -275,12 +277,25 @@ def device_maps(out: Path, resume: str | None) -> dict[str, Any]:
             "offload_folder": str(out / "off2"),
         },
     }
+    if os.environ.get("DEVICE") == "cuda":  # the GPU's cases: a budget on GPU 0, then CPU and disk
+        cases = {
+            "gpu": {"device_map": {"": 0}},
+            "auto_gpu_cpu_disk": {
+                "device_map": "auto",
+                "max_memory": {0: "90KB", "cpu": "90KB"},
+                "offload_folder": str(out / "off3"),
+            },
+            "dict_gpu_disk": {
+                "device_map": {"model.embed_tokens": 0, **layers, "model.norm": 0, "model.rotary_emb": 0, "lm_head": 0},
+                "offload_folder": str(out / "off4"),
+            },
+        }
     ids = torch.arange(12).reshape(1, 12)
     found: dict[str, Any] = {}
     for name, kwargs in cases.items():
         model = LlamaForCausalLM.from_pretrained(source, **kwargs)
         with torch.no_grad():
-            logits = model(ids).logits
+            logits = model(ids.to(model.device)).logits.float().cpu()
         folder = Path(kwargs.get("offload_folder", out / "none"))
         written = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
         found[name] = {

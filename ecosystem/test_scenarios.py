@@ -48,10 +48,37 @@ class Case:
         return {key: result[key] for key in keys if key in result}
 
 
+# The GPU's cases (nox -s tests_gpu): CUDA kernels may sum in another order from run to run (atomics in
+# backward), so losses are compared to 1e-5 there and weights not at all; the files and maps exactly.
+GPU_COMPARED = ("accelerate", "checkpoint_files", "steps", "strategy", "saved_files")
 # On CPU, Accelerate 1.15 runs an FSDP plugin as plain data parallelism (MULTI_CPU: nothing sharded)
 # while x shards with FSDP2 over gloo: the numbers must agree, the checkpoint files are FSDP's on x.
 _TRAINED = ("accelerate", "losses", "eval_losses", "weights", "steps")
 
+
+GPU_CASES = (
+    Case("gpu-trainer-bf16", "trainer", env={"DEVICE": "cuda", "BF16": "1"}, compared=GPU_COMPARED),
+    Case("gpu-trainer-fp16", "trainer", env={"DEVICE": "cuda", "FP16": "1"}, compared=GPU_COMPARED),
+    Case("gpu-sft-lora", "sft_lora", env={"DEVICE": "cuda", "BF16": "1"}, compared=GPU_COMPARED),
+    Case("gpu-device-maps", "device_maps", env={"DEVICE": "cuda"}),
+)
+GPU2_CASES = (
+    Case("gpu-trainer-2-gpus", "trainer", processes=2, env={"DEVICE": "cuda", "BF16": "1"}, compared=GPU_COMPARED),
+    Case(
+        "gpu-trainer-fsdp2",
+        "trainer",
+        processes=2,
+        env={"DEVICE": "cuda", "BF16": "1", "FSDP": "1"},
+        compared=GPU_COMPARED,
+    ),
+    Case(
+        "gpu-deepspeed-zero3",
+        "trainer",
+        processes=2,
+        env={"DEVICE": "cuda", "BF16": "1", "DEEPSPEED": "3"},
+        compared=GPU_COMPARED,
+    ),
+)
 
 CASES = (
     Case("trainer", "trainer"),
@@ -232,3 +259,25 @@ def test_an_fsdp_checkpoint_resumes_exactly(case: Case, results: Path) -> None:
     assert ("pytorch_model_fsdp_0" in names and "optimizer_0" in names) or "pytorch_model_fsdp.bin" in names, names
     resumed = run(case, "x", launcher, results, resume=checkpoint, tag="-resumed")
     assert {k: resumed[k] for k in _TRAINED} == {k: uninterrupted[k] for k in _TRAINED}
+
+
+def _close(case: Case, results: Path) -> None:
+    expected = run(case, "accelerate", case.launchers("accelerate")[0], results)
+    for launcher in case.launchers("x"):
+        got = run(case, "x", launcher, results)
+        _same(case.part(expected), case.part(got), f"{case.name} under {launcher}")
+        for key in ("losses", "eval_losses"):
+            for theirs, ours in zip(expected.get(key, []), got.get(key, []), strict=True):
+                assert abs(theirs - ours) <= 1e-5 * max(1.0, abs(theirs)), f"{case.name}: {key} {ours} vs {theirs}"
+
+
+@pytest.mark.requires_cuda(1)
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda case: case.name)
+def test_on_a_gpu_x_gives_accelerates_results(case: Case, results: Path) -> None:
+    _close(case, results)
+
+
+@pytest.mark.requires_cuda(2)
+@pytest.mark.parametrize("case", GPU2_CASES, ids=lambda case: case.name)
+def test_on_two_gpus_x_gives_accelerates_results(case: Case, results: Path) -> None:
+    _close(case, results)

@@ -67,7 +67,7 @@ class CompleteCheckpoints(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         barrier()  # every rank's files (its RNG state, its shards) are written
         if state.is_world_process_zero:
-            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            folder = Path(str(args.output_dir)) / f"checkpoint-{state.global_step}"
             fsync_tree(folder)
             write_file_atomic(folder / COMPLETE, lambda tmp: tmp.write_text(f"{state.global_step}\n"))
         barrier()
