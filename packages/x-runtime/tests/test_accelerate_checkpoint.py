@@ -109,6 +109,58 @@ def test_shuffled_seedable_resume_matches_accelerate(tmp_path, launch) -> None:
     _assert_same_weights(found["x-resume"][0][0], found["accelerate-resume"][0][0], "x's resume vs Accelerate's")
 
 
+# --- Going back: Accelerate's load_state resumes a folder x wrote ---------------------------------
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
+def went_back(request, tmp_path_factory, launch) -> dict[str, list]:
+    """x saves at step 12, and Accelerate and x resume from its folder.
+
+    Every step draws noise from the restored generator. Step 12 ends an epoch on 1 and on 2 processes:
+    the resumed runs then start a loader iterator where the uninterrupted one did (mid-epoch,
+    Accelerate's ``skip_first_batches`` starts one more, which draws from the global generator).
+    """
+    processes = request.param
+    root = tmp_path_factory.mktemp(f"back-to-accelerate-{processes}")
+    found: dict[str, list] = {}
+    for framework, mode in (("x", "save"), ("accelerate", "resume"), ("x", "resume")):
+        out = root / f"{framework}-{mode}"
+        out.mkdir()
+        result = launch(
+            "accelerate_resume_worker.py", processes, str(out), framework, mode, str(root / "ckpt"), "0", "1", "12"
+        )
+        found[f"{framework}-{mode}"] = [
+            (
+                torch.load(out / f"{framework}-{mode}-rank{rank}.pt", weights_only=True),
+                json.loads((out / f"rank{rank}.json").read_text()),
+                result.stderr,
+            )
+            for rank in range(processes)
+        ]
+    found["folder"] = [root / "ckpt"]
+    return found
+
+
+@needs_accelerate
+def test_accelerate_resumes_x_folder_as_x_does(went_back) -> None:
+    folder = went_back["folder"][0]
+    assert (folder / MANIFEST).is_file() and not written_by_accelerate(folder)
+    ranks = len(went_back["x-save"])
+    assert sorted(p.name for p in folder.glob("random_states_*.pkl")) == [
+        f"random_states_{r}.pkl" for r in range(ranks)
+    ]
+    for rank in range(ranks):
+        acc_weights, acc_report, acc_err = went_back["accelerate-resume"][rank]
+        x_weights, x_report, _ = went_back["x-resume"][rank]
+        full_weights, full_report, _ = went_back["x-save"][rank]
+        assert "Could not load random states" not in acc_err
+        # Equal to x's own resume and to the uninterrupted run, to the bit (0.0 apart).
+        _assert_same_weights(acc_weights, x_weights, f"rank {rank}: Accelerate's resume vs x's")
+        _assert_same_weights(acc_weights, full_weights, f"rank {rank}: Accelerate's resume vs uninterrupted")
+        # Steps, the registered counter (custom_checkpoint_0.pkl), the lr, and every generator's next draw.
+        assert acc_report == x_report == full_report
+
+
 # --- Accelerate's layout written by hand: refusals and naming ------------------------------------
 
 

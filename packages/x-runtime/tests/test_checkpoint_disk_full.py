@@ -228,7 +228,7 @@ def test_load_state_names_the_refused_file_and_why(tmp_path) -> None:
     with pytest.raises(pickle.UnpicklingError) as raised:
         fresh.load_state(tmp_path / "ckpt")
     message = str(raised.value)
-    assert message.startswith(f"cannot load {tmp_path / 'ckpt' / 'custom_checkpoint_0.bin'}: it holds a pickled ")
+    assert message.startswith(f"cannot load {tmp_path / 'ckpt' / 'custom_checkpoint_0.pkl'}: it holds a pickled ")
     assert f"{__name__}.Settings" in message and "weights_only=True" in message and "state_dict()" in message
     assert "weights_only=False" not in message and "weights_only` set to `False" not in message
     assert "\n" not in message and raised.value.__suppress_context__
@@ -237,7 +237,7 @@ def test_load_state_names_the_refused_file_and_why(tmp_path) -> None:
 def test_load_state_names_a_truncated_file(tmp_path) -> None:
     accelerator, *_ = _setup(Blob(4 * KiB))
     accelerator.save_state(tmp_path / "ckpt")
-    blob = tmp_path / "ckpt" / "custom_checkpoint_0.bin"
+    blob = tmp_path / "ckpt" / "custom_checkpoint_0.pkl"
     blob.write_bytes(blob.read_bytes()[:100])
     fresh, *_ = _setup(Blob(4 * KiB))
     with pytest.raises(RuntimeError, match=rf"^cannot read {re.escape(str(blob))}: .*corrupt or truncated"):

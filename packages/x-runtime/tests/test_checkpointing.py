@@ -71,15 +71,16 @@ def test_round_trip_restores_everything(tmp_path) -> None:
     after = (torch.rand(3), random.random())
     files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert files == [
-        "custom_checkpoint_0.bin",
+        "custom_checkpoint_0.pkl",  # Accelerate's names, where Accelerate's load_state reads them
         "dataloaders.json",
         "model.safetensors",
         "optimizer.bin",
         "random_states_0.bin",
+        "random_states_0.pkl",
         "scheduler.bin",
         "x_checkpoint.json",
     ]
-    for name in ("optimizer.bin", "scheduler.bin", "custom_checkpoint_0.bin", "random_states_0.bin"):
+    for name in ("optimizer.bin", "scheduler.bin", "custom_checkpoint_0.pkl", "random_states_0.bin"):
         torch.load(tmp_path / "ckpt" / name, weights_only=True)  # never needs unrestricted pickle
 
     accelerator2, model2, optimizer2, scheduler2, loader2, counter2 = _setup()
@@ -91,6 +92,33 @@ def test_round_trip_restores_everything(tmp_path) -> None:
     assert (torch.rand(3).tolist(), random.random()) == (after[0].tolist(), after[1])
     resumed = accelerator2.skip_first_batches(loader2, 1)
     assert [b[0].tolist() for b in resumed][:2] == expected_next
+
+
+def test_random_states_pkl_is_accelerates_format_with_the_step(tmp_path) -> None:
+    """What Accelerate's load_state reads: its keys, NumPy's uint32 array, torch's state, the accelerator's step."""
+    import numpy as np
+
+    accelerator, *_ = _setup()
+    accelerator.step = 3
+    before = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    accelerator.save_state(tmp_path / "ckpt")
+    saved = torch.load(tmp_path / "ckpt" / "random_states_0.pkl", weights_only=False)
+    assert sorted(saved) == ["numpy_random_seed", "random_state", "step", "torch_manual_seed"]
+    assert saved["step"] == 3 and saved["random_state"] == before[0]
+    assert saved["numpy_random_seed"][1].dtype == np.uint32
+    assert np.array_equal(saved["numpy_random_seed"][1], before[1][1]) and saved["numpy_random_seed"][2] == before[1][2]
+    assert torch.equal(saved["torch_manual_seed"], before[2])
+
+
+def test_folder_with_earlier_x_names_still_loads(tmp_path) -> None:
+    """x named the registered objects' files custom_checkpoint_<i>.bin before it took Accelerate's names."""
+    accelerator, *_, counter = _setup()
+    counter.value = 5
+    accelerator.save_state(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "custom_checkpoint_0.pkl").rename(tmp_path / "ckpt" / "custom_checkpoint_0.bin")
+    accelerator2, *_, counter2 = _setup()
+    accelerator2.load_state(tmp_path / "ckpt")
+    assert counter2.value == 5
 
 
 def test_automatic_naming_keeps_total_limit_newest(tmp_path) -> None:

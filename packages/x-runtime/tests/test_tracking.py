@@ -209,6 +209,8 @@ def test_mlflow_calls(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCapture
         utils=types.SimpleNamespace(validation=validation),
     )
     tracker = MLflowTracker("exp", logging_dir="/artifacts", run_name="r1")
+    assert tracker.tracker is None and calls == []  # the run opens in start(), as Accelerate's
+    tracker.start()
     assert tracker.tracker == "run"
     with caplog.at_level(logging.WARNING, logger="x_runtime.tracking"):
         tracker.store_init_configuration({"a": 1, "b": 2, "c": 3, "long": "x" * 11})

@@ -1,4 +1,4 @@
-"""Aim, Comet, ClearML, DVCLive, SwanLab and trackio trackers: real packages where installed, read back.
+"""Aim, Comet, ClearML, DVCLive, MLflow, SwanLab and trackio trackers: real packages where installed, read back.
 
 Each backend that is installed runs offline through ``Accelerator(log_with=NAME, project_dir=...)``:
 ``init_trackers`` with a config, ``log`` at given steps, ``end_training``; then what the backend
@@ -28,6 +28,7 @@ from x_runtime.tracking import (
     CometMLTracker,
     DVCLiveTracker,
     LoggerType,
+    MLflowTracker,
     SwanLabTracker,
     TrackioTracker,
     filter_trackers,
@@ -39,6 +40,7 @@ BACKENDS = [
     ("comet_ml", CometMLTracker, "comet_ml", "comet_ml"),
     ("clearml", ClearMLTracker, "clearml", "clearml"),
     ("dvclive", DVCLiveTracker, "dvclive", "dvclive"),
+    ("mlflow", MLflowTracker, "mlflow", "mlflow"),
     ("swanlab", SwanLabTracker, "swanlab", "swanlab"),
     ("trackio", TrackioTracker, "trackio", "trackio"),
 ]
@@ -260,6 +262,94 @@ def test_clearml_offline_session_holds_config_and_series_as_accelerate_does(
     assert single == {("single_value_1", 1.1), ("single_value_2", 2.2)}
     if "accelerate" in runs:
         assert ours == runs["accelerate"]
+
+
+# --- MLflow: a local file store, read back with MLflow's own client -------------------------------
+
+
+def _mlflow_run(accelerator_class: Any, folder: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file://{folder / 'mlruns'}")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow >= 3.7 refuses a file store unless told
+    files = folder / "files"
+    (files / "nested").mkdir(parents=True)
+    (files / "notes.txt").write_text("one file")
+    (files / "nested" / "a.json").write_text("{}")
+    accelerator = accelerator_class(log_with="mlflow", project_dir=str(folder))
+    accelerator.init_trackers("experiment", {**CONFIG, "too_long": "x" * 6001})
+    accelerator.log({"loss": 0.5, "note": "text"}, step=1)
+    accelerator.log({"loss": 0.25}, step=2)
+    tracker = accelerator.get_tracker("mlflow")
+    tracker.log_artifact(str(files / "notes.txt"))
+    tracker.log_artifact(str(files / "notes.txt"), artifact_path="copies")
+    tracker.log_artifacts(str(files), artifact_path="all")
+    figure = pyplot.figure(figsize=(2, 2))
+    pyplot.plot([0, 1], [1, 0])
+    tracker.log_figure(figure, "plots/loss.png")
+    run_id = tracker.tracker.info.run_id
+    accelerator.end_training()
+    client = mlflow.MlflowClient()
+    run = client.get_run(run_id)
+
+    def listing(path: str | None = None) -> list[str]:
+        found = []
+        for item in client.list_artifacts(run_id, path):
+            found += listing(item.path) if item.is_dir else [item.path]
+        return found
+
+    image = Path(
+        mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="plots/loss.png", dst_path=str(folder / "got"))
+    )
+    return {
+        "experiment": mlflow.get_experiment(run.info.experiment_id).name,
+        "params": run.data.params,
+        "loss": [(m.step, m.value) for m in client.get_metric_history(run_id, "loss")],
+        "metrics": sorted(run.data.metrics),
+        "artifacts": sorted(listing()),
+        "png": image.read_bytes()[:8],
+        "status": run.info.status,
+    }
+
+
+def test_mlflow_run_holds_params_metrics_and_artifacts_as_accelerate_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = {label: _mlflow_run(cls, tmp_path / label, monkeypatch) for label, cls in _accelerators()}
+    ours = runs["x"]
+    assert ours["experiment"] == "experiment"
+    assert ours["params"] == {key: str(value) for key, value in CONFIG.items()}  # too_long skipped
+    assert ours["loss"] == [(1, 0.5), (2, 0.25)] and ours["metrics"] == ["loss"]
+    assert ours["artifacts"] == [
+        "all/nested/a.json",
+        "all/notes.txt",
+        "copies/notes.txt",
+        "notes.txt",
+        "plots/loss.png",
+    ]
+    assert ours["png"] == b"\x89PNG\r\n\x1a\n" and ours["status"] == "FINISHED"
+    if "accelerate" in runs:
+        assert ours == runs["accelerate"]
+
+
+def test_mlflow_environment_overrides_arguments_as_accelerate_reads_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "from-env")
+    monkeypatch.setenv("MLFLOW_TAGS", '{"team": "vision"}')
+    monkeypatch.setenv("MLFLOW_NESTED_RUN", "yes")
+    tracker = MLflowTracker("from-argument", tags={"team": "nlp"})
+    assert (tracker.experiment_name, tracker.tags, tracker.nested_run) == ("from-env", {"team": "vision"}, True)
+    assert tracker.active_run is None  # no run until start(), as Accelerate's: building one logs nothing
+    monkeypatch.setenv("MLFLOW_NESTED_RUN", "maybe")
+    with pytest.raises(ValueError, match=r"^MLFLOW_NESTED_RUN='maybe' is not a boolean: set it to true or false"):
+        MLflowTracker("e")
 
 
 # --- SwanLab: the run folder of an offline run ---------------------------------------------------

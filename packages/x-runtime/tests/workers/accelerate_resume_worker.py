@@ -1,8 +1,8 @@
 """Train a small model under Accelerate or x; save_state at one step, or resume from that folder.
 
-    accelerate_resume_worker.py <out_dir> <framework: accelerate|x> <mode: save|resume> <ckpt> <shuffle> <noise>
+    accelerate_resume_worker.py <out_dir> <framework: accelerate|x> <mode: save|resume> <ckpt> <shuffle> <noise> [save_at]
 
-``save`` trains all ``STEPS`` steps and calls ``save_state(ckpt)`` after step ``SAVE_AT`` (so its
+``save`` trains all ``STEPS`` steps and calls ``save_state(ckpt)`` after step ``SAVE_AT`` (7 unless given; so its
 final weights are the uninterrupted run's); ``resume`` builds the same objects in a fresh process,
 ``load_state(ckpt)``, skips the batches already seen (``skip_first_batches``, as Accelerate's
 examples resume) and finishes. Each rank writes its final weights to
@@ -22,13 +22,14 @@ from _helpers import Counter, rank, report
 from torch.utils.data import DataLoader, TensorDataset
 
 out_dir, framework, mode, ckpt, shuffle, noise = sys.argv[1:7]
+SAVE_AT = int(sys.argv[7]) if len(sys.argv) > 7 else 7
 if framework == "accelerate":
     from accelerate import Accelerator
     from accelerate.utils import DataLoaderConfiguration, set_seed
 else:
     from x_runtime import Accelerator, DataLoaderConfiguration, set_seed
 
-STEPS, SAVE_AT = 18, 7
+STEPS = 18
 
 set_seed(0)
 # No dropout: the only draws from the global generator are the noise below (and a shuffle).

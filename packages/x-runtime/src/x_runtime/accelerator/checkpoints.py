@@ -144,6 +144,7 @@ class CheckpointMethods(AcceleratorFields):
         target = save_target(config, output_dir)
         parts = self._parts()
         parts.before_save = self._save_hooks_step()
+        parts.step = self.step
         main = self.process_state.is_main_process
         if async_save and copies_in_background(self.strategy):
             prune = lambda: prune_saved(config, is_main_process=main)  # noqa: E731

@@ -26,7 +26,7 @@ import torch
 
 from x_runtime.checkpoint.parts import MANIFEST, CheckpointParts, numbered
 from x_runtime.core.random_state import restore_rng_state
-from x_runtime.io.accelerate_pickles import load_accelerate_pickle
+from x_runtime.io.accelerate_pickles import load_accelerate_pickle, x_random_states
 from x_runtime.io.files import torch_load
 from x_runtime.process.distributed_type import SHARDED
 from x_runtime.strategies.defaults import check_shapes, load_full_weights
@@ -200,12 +200,4 @@ def _restore_random_states(folder: Path, parts: CheckpointParts, state: ProcessS
     saved = load_accelerate_pickle(path)
     if "step" in saved:
         parts.step = int(saved["step"])
-    rng: dict[str, Any] = {"python": saved.get("random_state"), "torch": saved.get("torch_manual_seed")}
-    numpy_state = saved.get("numpy_random_seed")
-    if numpy_state is not None:
-        kind, keys, pos, has_gauss, cached = numpy_state
-        rng["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
-    for ours, theirs in (("cuda", "torch_cuda_manual_seed"), ("xpu", "torch_xpu_manual_seed"), ("xla", "xm_seed")):
-        if theirs in saved:
-            rng[ours] = saved[theirs]
-    restore_rng_state({k: v for k, v in rng.items() if v is not None})
+    restore_rng_state(x_random_states(saved))

@@ -7,15 +7,20 @@ Layout of a checkpoint folder (the names tell what each file holds):
                                                     pytorch_model.bin, ... with safe_serialization=False
     optimizer.bin, optimizer_1.bin, ...             optimizer state dicts
     scheduler.bin, ...                              scheduler state dicts
-    scaler.bin                                      fp16 grad scaler
+    scaler.pt                                       fp16 grad scaler
     dataloaders.json                                each prepared loader's epoch, seed, position
-    custom_checkpoint_0.bin, ...                    objects from register_for_checkpointing
+    custom_checkpoint_0.pkl, ...                    objects from register_for_checkpointing
     random_states_<rank>.bin                        every rank's generators
+    random_states_<rank>.pkl                        the same, and the accelerator's step, for Accelerate
     x_checkpoint.json                               written last: what the folder holds
 
-``.bin`` files are ``torch.save`` output read back with ``weights_only=True``: loading a
-checkpoint never runs pickled code. A folder Accelerate's ``save_state`` wrote (no manifest, its
-own file names) is read by ``accelerate_layout``. The folder is assembled under a hidden name, flushed, and
+The files are ``torch.save`` output read back with ``weights_only=True``: loading a checkpoint
+never runs pickled code. What Accelerate's ``load_state`` reads is there under its names and in
+its format, so a run x saved resumes under Accelerate as under x: going back loses nothing. The
+``.pkl`` random states are for Accelerate only; x reads its ``.bin`` (no NumPy array to admit).
+Folders x wrote before it took Accelerate's names hold ``scaler.bin`` and
+``custom_checkpoint_<i>.bin``: both still load. A folder Accelerate's ``save_state`` wrote (no
+manifest) is read by ``accelerate_layout``. The folder is assembled under a hidden name, flushed, and
 renamed into place by the main process, so a crash mid-save leaves the previous checkpoint whole.
 """
 
@@ -33,6 +38,7 @@ from x_runtime.checkpoint.accelerate_layout import load_accelerate_checkpoint, w
 from x_runtime.checkpoint.parts import MANIFEST, CheckpointParts, numbered
 from x_runtime.checkpoint.staging import TOKEN, agree, open_staging
 from x_runtime.core.random_state import capture_rng_state, restore_rng_state
+from x_runtime.io.accelerate_pickles import accelerate_random_states
 from x_runtime.io.atomic import replace_dir, write_file_atomic
 from x_runtime.io.files import torch_load, torch_save
 
@@ -55,6 +61,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+SCALER = "scaler.pt"  # Accelerate's name
 _AUTOMATIC = re.compile(r"checkpoint_(\d+)")
 
 
@@ -101,13 +108,14 @@ def write_files(
         for index, scheduler in enumerate(parts.schedulers):
             torch_save(scheduler.state_dict(), partial / numbered("scheduler", index, ".bin"))
         if parts.scaler is not None:
-            torch_save(parts.scaler.state_dict(), partial / "scaler.bin")
+            torch_save(parts.scaler.state_dict(), partial / SCALER)
         for index, obj in enumerate(parts.custom):
-            torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.bin")
+            torch_save(io.to_host(obj.state_dict()), partial / f"custom_checkpoint_{index}.pkl")
         loaders = [loader.state_dict() for loader in parts.dataloaders]
         write_file_atomic(partial / "dataloaders.json", lambda tmp: tmp.write_text(json.dumps(loaders, indent=1)))
     rng = parts.random_state if parts.random_state is not None else capture_rng_state()
     torch_save(rng, partial / f"random_states_{state.rank}.bin")
+    torch_save(accelerate_random_states(rng, parts.step or 0), partial / f"random_states_{state.rank}.pkl")
 
 
 def finish_folder(
@@ -183,10 +191,13 @@ def _load(source: Path, parts: CheckpointParts, state: ProcessState, strict: boo
         io.load_optimizer_files(folder, numbered("optimizer", index, ""), optimizer, parts.owner(optimizer), record)
     for index, scheduler in enumerate(parts.schedulers):
         scheduler.load_state_dict(torch_load(folder / numbered("scheduler", index, ".bin")))
-    if parts.scaler is not None and (folder / "scaler.bin").is_file():
-        parts.scaler.load_state_dict(torch_load(folder / "scaler.bin"))
+    scaler = _either(folder, SCALER, "scaler.bin")
+    if parts.scaler is not None and scaler.is_file():
+        parts.scaler.load_state_dict(torch_load(scaler))
     for index, obj in enumerate(parts.custom):
-        obj.load_state_dict(torch_load(folder / f"custom_checkpoint_{index}.bin"))
+        obj.load_state_dict(
+            torch_load(_either(folder, f"custom_checkpoint_{index}.pkl", f"custom_checkpoint_{index}.bin"))
+        )
     loaders = json.loads((folder / "dataloaders.json").read_text())
     for loader, loader_state in zip(parts.dataloaders, loaders, strict=True):
         loader.load_state_dict(loader_state)
@@ -201,6 +212,12 @@ def _load(source: Path, parts: CheckpointParts, state: ProcessState, strict: boo
             manifest["world_size"],
         )
     return folder
+
+
+def _either(folder: Path, name: str, earlier: str) -> Path:
+    """``folder / name``, or the name x wrote before it took Accelerate's (when only that is there)."""
+    path = folder / name
+    return folder / earlier if not path.exists() and (folder / earlier).exists() else path
 
 
 def _record(layouts: Mapping[str, Any], kind: str, index: int) -> dict[str, Any]:

@@ -36,7 +36,8 @@ class CheckpointParts:
     # Given the folder being written (read), before any file: the models whose files to write (read).
     before_save: Callable[[Path], list[torch.nn.Module]] | None = field(default=None, kw_only=True)
     before_load: Callable[[Path], list[torch.nn.Module]] | None = field(default=None, kw_only=True)
-    # Set by loading a checkpoint that records the accelerator's step (Accelerate's do; x's do not).
+    # The accelerator's step: saved for Accelerate's load_state (in random_states_<rank>.pkl), and set by
+    # loading a folder that records it (Accelerate's; x's own load leaves the step as it is).
     step: int | None = field(default=None, kw_only=True)
     # This rank's generators as captured when an asynchronous save began (None: capture when writing).
     random_state: dict[str, Any] | None = field(default=None, kw_only=True)

@@ -132,6 +132,7 @@ def snapshot_parts(parts: CheckpointParts, buffers: HostBuffers) -> CheckpointPa
         scaler=Frozen(copier.tree(parts.scaler.state_dict())) if parts.scaler is not None else None,  # type: ignore[arg-type]
         strategy=parts.strategy,
         random_state=capture_rng_state(),
+        step=parts.step,
     )
     buffers.drop_spare()
     return copied

@@ -1,4 +1,4 @@
-"""The pickles Accelerate's ``save_state`` writes, read without running pickled code.
+"""The pickles Accelerate's ``save_state`` writes: read without running pickled code, and written.
 
 Accelerate writes ``random_states_<rank>.pkl`` with ``torch.save``: a dict of the step, Python's
 ``random`` state (a tuple), NumPy's (a tuple holding a ``uint32`` array), torch's ``ByteTensor``
@@ -6,6 +6,9 @@ states and, on XLA, an int. torch's safe loader (``weights_only=True``) already 
 numbers, strings, tuples, lists and dicts; the few NumPy names an array needs to be rebuilt are
 admitted for this one read, and nothing else: a file naming any other callable (``os.system``
 in a tampered file) is refused before it is called, with one line naming it.
+
+x writes the same file beside its own ``random_states_<rank>.bin`` (``accelerate_random_states``):
+a run x saved resumes under Accelerate's ``load_state`` with the same draws as under x's.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["load_accelerate_pickle", "numpy_globals"]
+__all__ = ["DEVICE_RNG_KEYS", "accelerate_random_states", "load_accelerate_pickle", "numpy_globals", "x_random_states"]
 
 # torch names the refused callable in one of these phrasings (it varies across torch versions).
 _GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)")
@@ -38,6 +41,49 @@ def numpy_globals() -> list[Any]:
     if dtypes is not None:
         allowed.append(dtypes.UInt32DType)
     return allowed
+
+
+# x's generator names -> the keys Accelerate's load_state reads them from.
+DEVICE_RNG_KEYS = {"cuda": "torch_cuda_manual_seed", "xpu": "torch_xpu_manual_seed", "xla": "xm_seed"}
+
+
+def accelerate_random_states(rng: dict[str, Any], step: int) -> dict[str, Any]:
+    """``rng`` (``capture_rng_state``'s dict) as Accelerate's ``save_state`` stores it, with its ``step``.
+
+    NumPy's state goes back to the ``uint32`` array ``np.random.set_state`` takes; the other
+    generators' states are the objects Accelerate itself stores.
+
+    Examples:
+        >>> import random
+        >>> rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        >>> sorted(accelerate_random_states(rng, 3))
+        ['random_state', 'step', 'torch_manual_seed']
+    """
+    states: dict[str, Any] = {"step": step, "random_state": rng["python"], "torch_manual_seed": rng["torch"]}
+    if "numpy" in rng:
+        kind, keys, pos, has_gauss, cached = rng["numpy"]
+        states["numpy_random_seed"] = (kind, keys.numpy().astype("uint32"), pos, has_gauss, cached)
+    states.update({theirs: rng[ours] for ours, theirs in DEVICE_RNG_KEYS.items() if ours in rng})
+    return states
+
+
+def x_random_states(saved: dict[str, Any]) -> dict[str, Any]:
+    """Accelerate's stored states (``load_accelerate_pickle``'s dict) as ``restore_rng_state`` takes them.
+
+    Examples:
+        >>> import random
+        >>> rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+        >>> back = x_random_states(accelerate_random_states(rng, 3))
+        >>> back["python"] == rng["python"], bool(torch.equal(back["torch"], rng["torch"]))
+        (True, True)
+    """
+    rng: dict[str, Any] = {"python": saved.get("random_state"), "torch": saved.get("torch_manual_seed")}
+    numpy_state = saved.get("numpy_random_seed")
+    if numpy_state is not None:
+        kind, keys, pos, has_gauss, cached = numpy_state
+        rng["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
+    rng.update({ours: saved[theirs] for ours, theirs in DEVICE_RNG_KEYS.items() if theirs in saved})
+    return {k: v for k, v in rng.items() if v is not None}
 
 
 @contextlib.contextmanager
