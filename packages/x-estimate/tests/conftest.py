@@ -243,6 +243,81 @@ def configs() -> Any:
     return Configs()
 
 
+def _storage_bytes(tensors: Any) -> int:
+    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
+
+
+def measured_step_peak(
+    model: Any,
+    batch: dict[str, Any],
+    loss_of: Callable[[Any], Any],
+    *,
+    keep_outputs: bool = True,
+    precision: str = "fp32",
+    optimizer: str = "adamw",
+) -> int:
+    """Peak live tensor bytes of one real training step of ``model`` on CPU.
+
+    Measured without any of the simulation's code: torch.profiler's allocation events
+    (``profile_memory=True``) give the live-bytes curve of everything the step allocates; the
+    weights, optimizer state and batch that exist before it are counted from their storages. The
+    optimizer state is created first (zeros, as a first step creates it), so the step measured is
+    any later step of training. The loop is ``outputs = model(**batch); loss = loss_of(outputs)``
+    (under CPU autocast to bfloat16 for ``precision="mixed-bf16"``), ``outputs`` kept through the
+    step or dropped before backward, then ``loss.backward(); opt.step(); opt.zero_grad()``.
+    """
+    import contextlib
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt: Any
+    if optimizer == "adamw":
+        opt = torch.optim.AdamW(params, lr=1e-4)
+        for p in params:
+            opt.state[p] = {
+                "step": torch.tensor(0.0),
+                "exp_avg": torch.zeros_like(p),
+                "exp_avg_sq": torch.zeros_like(p),
+            }
+    elif optimizer == "sgd":
+        opt = torch.optim.SGD(params, lr=1e-4, momentum=0.9)
+        for p in params:
+            opt.state[p] = {"momentum_buffer": torch.zeros_like(p)}
+    else:
+        raise ValueError(f"no measured step for the {optimizer} optimizer")
+    state = [v for s in opt.state.values() for v in s.values()]
+    before = _storage_bytes([*model.parameters(), *model.buffers(), *state, *batch.values()])
+    cast = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "mixed-bf16" else contextlib.nullcontext()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with cast:
+            outputs = model(**batch)
+            loss = loss_of(outputs)
+        if not keep_outputs:
+            del outputs
+            outputs = None
+        loss.backward()
+        del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del outputs
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live)
+    assert live <= 0.01 * peak  # the step gave back what it took: the curve is whole
+    return before + peak
+
+
+@pytest.fixture(scope="session")
+def measured_peak() -> Callable[..., int]:
+    """``measured_step_peak``: the peak of one real CPU training step, from the allocator's events."""
+    return measured_step_peak
+
+
 def unique_bytes(module: Any) -> int:
     """Bytes of the distinct storages behind a real module's parameters and buffers."""
     seen: dict[int, int] = {}

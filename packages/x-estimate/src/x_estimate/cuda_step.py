@@ -14,7 +14,8 @@ step by:
 - the reserved figure: the step's allocations replayed through ``CachingAllocator`` twice (the
   second step meets the segments the first left), after the weights and optimizer state.
 
-AdamW's multi-tensor (foreach) step, CUDA's default, is chosen in ``simulate.py``.
+AdamW's multi-tensor (foreach) step, CUDA's default, is chosen in ``simulate.py``; the copies
+PyTorch makes around cuDNN's convolutions are counted by ``convolution_buffers.py``.
 """
 
 from __future__ import annotations

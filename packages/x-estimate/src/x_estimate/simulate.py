@@ -17,7 +17,9 @@ gradient), activations (other tensors the forward allocated, kept for backward) 
 With ``device="cpu"`` (the default) the kernels are the ones the CPU picks (SDPA's CPU flash
 kernel, AdamW's per-tensor loop). ``device="cuda"`` simulates the step a GPU runs
 (``cuda_step.py``): CUDA's attention and dropout kernels, AdamW's multi-tensor path, cuBLAS
-workspaces, 512-byte blocks, and the caching allocator's reserved segments.
+workspaces, 512-byte blocks, and the caching allocator's reserved segments. Either way each
+convolution also holds the buffers its kernels allocate beyond their outputs
+(``convolution_buffers.py``: oneDNN's layouts on the CPU it runs on, the copies around cuDNN).
 """
 
 from __future__ import annotations
@@ -28,6 +30,13 @@ from typing import Any
 
 import torch
 
+from x_estimate.convolution_buffers import (
+    ConvolutionBuffers,
+    ConvolutionKernels,
+    CpuTarget,
+    CudnnConvolutions,
+    OneDnnConvolutions,
+)
 from x_estimate.fake_kernels import FakeKernels
 from x_estimate.ledger import Allocation, Ledger
 from x_estimate.simulated_step import PARTS, SimulatedStep
@@ -92,6 +101,8 @@ def _categorize(alloc: Allocation, keys: dict[str, set[int]], vocab: int | None)
     for part in ("weights", "gradients", "optimizer_state"):
         if alloc.key in keys[part]:
             return part
+    if alloc.key in keys["kernel_buffers"]:
+        return "temporaries"
     if vocab and alloc.shape and alloc.shape[-1] == vocab and alloc.phase in ("forward", "backward"):
         return "logits"
     return "activations" if alloc.phase == "forward" else "temporaries"
@@ -128,10 +139,15 @@ def simulate_training(
         SimulationError: the model's step cannot run on fake tensors (a data-dependent op, an
             optimizer without fake kernels, a model without a known input); the message says which.
     """
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"unknown device {device!r}: cpu or cuda")
+    convolutions: ConvolutionKernels = (
+        OneDnnConvolutions(CpuTarget.current()) if device == "cpu" else CudnnConvolutions()
+    )
     kwargs = dict(
         precision=precision, optimizer=optimizer, batch_size=batch_size, seq_len=seq_len,
         checkpointing=checkpointing, attn_implementation=attn_implementation, free_outputs=free_outputs,
-        device=device,
+        device=device, convolutions=convolutions,
     )  # fmt: skip
     with _quiet(), _unpacked_inputs():
         return _simulate(model, config, extrapolate, kwargs)
@@ -224,6 +240,7 @@ def _simulate_whole(
     attn_implementation: str | None,
     free_outputs: bool,
     device: str,
+    convolutions: ConvolutionKernels,
 ) -> SimulatedStep:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -231,10 +248,14 @@ def _simulate_whole(
 
     if precision not in _WEIGHTS:
         raise ValueError(f"unknown precision {precision!r}")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"unknown device {device!r}: cpu or cuda")
     _set_attention(model, config, attn_implementation)
-    keys: dict[str, set[int]] = {"weights": set(), "gradients": set(), "optimizer_state": set()}
+    keys: dict[str, set[int]] = {
+        "weights": set(),
+        "gradients": set(),
+        "optimizer_state": set(),
+        "kernel_buffers": set(),
+    }
+    conv: ConvolutionBuffers | None = None
     slots: _Slots = []
     cuda = CudaStep(enabled=device == "cuda")
     try:
@@ -243,6 +264,7 @@ def _simulate_whole(
             FakeKernels(),
             cuda.kernels(),
             Ledger(block=cuda.block) as ledger,
+            ConvolutionBuffers(convolutions, ledger) as conv,
         ):
             slots = _materialize(model, _WEIGHTS[precision])
             ledger.track([*model.parameters(), *model.buffers()], "weights")
@@ -258,6 +280,7 @@ def _simulate_whole(
             _one_step(model, opt, params, inputs, precision, ledger, keys, free_outputs)
             # Snapshot now: restoring the meta tensors below frees fake ones, which the ledger still sees.
             steady, events, peak_allocs = ledger.live, ledger.events(), ledger.at_peak()
+            keys["kernel_buffers"] = conv.keys
             cuda.release_workspaces()
     except SimulationError:
         raise
@@ -281,7 +304,7 @@ def _simulate_whole(
     at_peak = dict.fromkeys(PARTS, 0)
     for alloc in peak_allocs:
         at_peak[_categorize(alloc, keys, vocab)] += alloc.nbytes
-    notes = [*inputs.notes, *cuda.notes()]
+    notes = [*inputs.notes, *cuda.notes(), *(conv.notes() if conv is not None else [])]
     reserved = cuda.reserved(flat)
     return SimulatedStep(
         ledger.peak, at_peak, steady, _phase_at(peak_allocs), notes, curve, reserved, flat if cuda.enabled else None

@@ -4,6 +4,8 @@ The key is the summary's key (config content, library versions, x-estimate's ver
 every option the step depends on: precisions, optimizer, batch, sequence, checkpointing,
 attention and the sharding the per-device figures were replayed with. Entries live in the
 ``simulations`` folder of the summary cache; a cache that cannot be read or written is skipped.
+A ``--device cpu`` step's convolution buffers follow the CPU it was simulated on
+(``convolution_buffers.py``); the cache lives on that machine, and its key does not name the CPU.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from x_estimate.simulated_rows import Simulations
 
 __all__ = ["CachedStep", "load_simulations", "save_simulations", "simulation_key"]
 
-FORMAT = 4  # 2: outputs alive through backward unless free_outputs; 3: device; 4: reserved per device when sharded
+FORMAT = 5  # 2: outputs alive through backward unless free_outputs; 3: device; 4: reserved per device when sharded;
+# 5: convolutions hold their kernels' buffers (issue 48)
 
 
 @dataclass(frozen=True)
