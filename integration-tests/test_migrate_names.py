@@ -11,6 +11,7 @@ that stay are the table of docs/migration.md ("Names that stay on Accelerate"), 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import re
 from pathlib import Path
@@ -118,6 +119,10 @@ def test_the_migration_page_lists_every_name_migrate_leaves_on_accelerate() -> N
     assert found, f"{MIGRATION_PAGE.name} has no <!-- names-left-on-accelerate --> table"
     written = found.group(1).strip().splitlines()
     expected = _left_on_accelerate()
+    if importlib.util.find_spec("deepspeed") is None:
+        # Accelerate defines its DeepSpeed helpers only where DeepSpeed is installed (the table is written
+        # with it): without it, their rows are not there to compare.
+        written = [row for row in written if row in expected or "deepspeed" not in row.split("|")[1].lower()]
     assert len(expected) > 100  # the scan found what stays (Megatron-LM, pippy, ...): a vacuous table would pass
     assert written == expected, (
         f"{MIGRATION_PAGE.name}'s table of names left on Accelerate is out of date: "

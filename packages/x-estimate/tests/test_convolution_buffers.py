@@ -25,13 +25,8 @@ from typing import Any
 import pytest
 import torch
 
-from x_estimate.convolution_buffers import (
-    Convolution,
-    CpuTarget,
-    CudnnConvolutions,
-    OneDnnConvolutions,
-    held_beyond_outputs,
-)
+from x_estimate.convolution_buffers import Convolution, CudnnConvolutions, held_beyond_outputs
+from x_estimate.onednn_convolutions import CpuTarget, OneDnnConvolutions
 from x_estimate.simulate import simulate_training
 
 B = 8

@@ -30,15 +30,10 @@ from typing import Any
 
 import torch
 
-from x_estimate.convolution_buffers import (
-    ConvolutionBuffers,
-    ConvolutionKernels,
-    CpuTarget,
-    CudnnConvolutions,
-    OneDnnConvolutions,
-)
+from x_estimate.convolution_buffers import ConvolutionBuffers, ConvolutionKernels, CudnnConvolutions
 from x_estimate.fake_kernels import FakeKernels
 from x_estimate.ledger import Allocation, Ledger
+from x_estimate.onednn_convolutions import CpuTarget, OneDnnConvolutions
 from x_estimate.simulated_step import PARTS, SimulatedStep
 from x_estimate.simulation_error import SimulationError
 from x_estimate.step_inputs import StepInputs, step_inputs
