@@ -188,15 +188,19 @@ def disk_full_while_saving(error: BaseException, *, target: Path, partial: Path,
     """The error for a checkpoint whose disk filled mid-save; ``partial`` is about to be removed.
 
     ``needed`` is the estimate made before writing; what had been written when the disk filled
-    (plus one block) is also a lower bound, and the larger of the two is reported.
+    (plus one block), and what is free once the partial save is gone (plus one block), are also lower
+    bounds, and the largest is reported.
     """
     code = out_of_space_errno(error) or errno.ENOSPC
     in_partial = allocated_bytes(partial) if partial.is_dir() else 0
     failed_file = next((e for e in _chain(error) if isinstance(e, DiskFullError) and e.needed), None)
     # ``failed_file.needed`` is tested again only so the checker sees an int (the search already required it).
     consumed = in_partial + (failed_file.needed if failed_file and failed_file.needed else _block(partial))
-    needed = max(needed, consumed)
     free = (free_bytes(partial) or 0) + in_partial  # what is free once ``partial`` is gone
+    # The disk filled during this save, so all that is free once its files are gone was not enough. This
+    # bound also counts what other ranks saving into the same folder had written into files they removed
+    # when the disk filled under them too, which ``consumed`` (this rank's view) misses.
+    needed = max(needed, consumed, free + _block(partial))
     at = f" (at {failed_file.path.name})" if failed_file and failed_file.path else ""
     return DiskFullError(
         f"{_reason(code)} while saving the checkpoint to {target}{at}: {_amounts(needed, free, target)}; "
