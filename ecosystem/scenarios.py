@@ -88,6 +88,19 @@ def _digest(model: torch.nn.Module) -> str:
     return hashed.hexdigest()
 
 
+def save_weights(model: torch.nn.Module, out: Path) -> None:
+    """The final weights as ``OUT/weights.safetensors`` (rank 0), for cases compared to a tolerance."""
+    from safetensors.torch import save_file
+
+    full = {}
+    for name, tensor in model.state_dict().items():
+        if hasattr(tensor, "full_tensor"):  # a DTensor shard (FSDP2): every rank takes part in the gather
+            tensor = tensor.full_tensor()
+        full[name] = tensor.detach().to("cpu").contiguous().clone()
+    if is_main():
+        save_file(full, str(out / "weights.safetensors"))
+
+
 def history(trainer: Any) -> dict[str, Any]:
     logs = trainer.state.log_history
     return {
@@ -177,6 +190,8 @@ def trainer(out: Path, resume: str | None) -> dict[str, Any]:
         model = LlamaForCausalLM.from_pretrained(source)
     run = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:16])
     run.train(resume_from_checkpoint=resume)
+    if os.environ.get("FSDP") == "1":
+        save_weights(run.model, out)
     checkpoint = out / "checkpoint-8"
     files = sorted(p.name for p in checkpoint.iterdir()) if checkpoint.is_dir() else []
     strategy = str(getattr(run.accelerator.state.distributed_type, "value", run.accelerator.state.distributed_type))
