@@ -18,9 +18,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from x_runtime import Accelerator, DataLoaderConfiguration
 
 
-def main() -> None:
-    out, project = Path(sys.argv[1]), Path(sys.argv[2])
-    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))
+def tiny_llama() -> LlamaForCausalLM:
+    """A 3-block Llama of 64 tokens, seeded (also the model of planned_run.py)."""
     config = LlamaConfig(
         vocab_size=64,
         hidden_size=32,
@@ -31,7 +30,13 @@ def main() -> None:
         max_position_embeddings=32,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    return LlamaForCausalLM(config)
+
+
+def main() -> None:
+    out, project = Path(sys.argv[1]), Path(sys.argv[2])
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(split_batches=True))
+    model = tiny_llama()
     tokens = torch.randint(0, 64, (16, 12), generator=torch.Generator().manual_seed(1))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens), batch_size=8)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)

@@ -164,3 +164,32 @@ def test_invalid_flag_value_is_a_config_error_naming_the_flag() -> None:
 def test_invalid_variable_is_not_reported_when_a_flag_overrides_it() -> None:
     settings = resolve(None, {"num_processes": 2}, {"X_LAUNCH_NUM_PROCESSES": "0"})
     assert typed(settings["num_processes"]) == ("int", 2, "--num_processes")
+
+
+def _deepspeed_file(tmp_path: Path, kind: str = "DEEPSPEED", top: str = "") -> Path:
+    path = tmp_path / "ds.yaml"
+    path.write_text(
+        f"distributed_type: {kind}\nnum_processes: 2\n{top}"
+        "deepspeed_config:\n  zero_stage: 2\n  gradient_accumulation_steps: 4\n"
+    )
+    return path
+
+
+def test_a_deepspeed_sections_accumulation_is_the_runs(tmp_path: Path) -> None:
+    # accelerate launch exports it as ACCELERATE_GRADIENT_ACCUMULATION_STEPS (side by side:
+    # integration-tests/test_accelerate_env.py); it was once read and then dropped here.
+    path = _deepspeed_file(tmp_path)
+    settings = resolve(load_config(path), {}, {})
+    assert typed(settings["gradient_accumulation_steps"]) == ("int", 4, f"config file {path} (deepspeed_config)")
+    flagged = resolve(load_config(path), {"gradient_accumulation_steps": "2"}, {})
+    assert typed(flagged["gradient_accumulation_steps"]) == ("int", 2, "--gradient_accumulation_steps")
+
+
+def test_the_top_level_accumulation_beats_the_deepspeed_sections(tmp_path: Path) -> None:
+    path = _deepspeed_file(tmp_path, top="gradient_accumulation_steps: 8\n")
+    assert resolve(load_config(path), {}, {})["gradient_accumulation_steps"].value == 8
+
+
+def test_a_deepspeed_section_without_deepspeed_leaves_the_accumulation_alone(tmp_path: Path) -> None:
+    settings = resolve(load_config(_deepspeed_file(tmp_path, kind="MULTI_GPU")), {}, {})
+    assert typed(settings["gradient_accumulation_steps"]) == ("int", 1, "default")

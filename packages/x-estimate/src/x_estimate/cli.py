@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -195,6 +196,12 @@ def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
 )
 @click.option("--gpu-memory", type=_Size(), help=f"Each GPU's memory for --plan ({_SIZE_HELP}).")
 @click.option(
+    "--write-config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="With --plan: write its cheapest row as a launch config for x-launch --config_file FILE.",
+)
+@click.option("--overwrite", is_flag=True, help="Let --write-config replace an existing file.")
+@click.option(
     "--token",
     envvar=env.HF_TOKEN.name,
     help=f"Hugging Face token for gated or private repos (default: ${env.HF_TOKEN.name}).",
@@ -226,7 +233,7 @@ def _command(model: str, **kw: Any) -> None:
 
     if kw["method"] == "simulate" and kw["seq_len"] is None:
         raise click.UsageError("--method simulate needs --seq-len (a step needs inputs); add --seq-len N")
-    if kw["plan"]:
+    if kw["plan"] or kw["write_config"] is not None:
         from x_estimate.plan_cli import check_plan_options
 
         check_plan_options(kw)
@@ -358,11 +365,15 @@ def _run(model: str, **kw: Any) -> None:
 
 
 def _run_plan(model: str, **kw: Any) -> None:
+    from x_estimate.errors import EstimateError
     from x_estimate.plan_cli import run_plan
 
     summary, origin, source, _ = _summary(model, kw)
     _warn_long_sequence(source, kw["seq_len"])
-    click.echo(run_plan(model, summary, origin, source, kw))
+    text, failure = run_plan(model, summary, origin, source, kw)
+    click.echo(text)
+    if failure is not None:
+        raise EstimateError(failure)
 
 
 def main(argv: list[str] | None = None) -> None:

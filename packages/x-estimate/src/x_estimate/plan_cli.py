@@ -16,6 +16,13 @@ __all__ = ["check_plan_options", "run_plan"]
 
 def check_plan_options(kw: dict[str, Any]) -> None:
     """Refuse, as a usage error, what --plan lacks or would have to override."""
+    if not kw["plan"]:
+        raise click.UsageError("--write-config writes the cheapest row of a plan: add --plan")
+    target = kw["write_config"]
+    if target is not None and target.exists() and not kw["overwrite"]:
+        raise click.UsageError(f"--write-config {target}: the file exists; pass --overwrite to replace it")
+    if target is not None and not target.parent.is_dir():
+        raise click.UsageError(f"--write-config {target}: the folder {target.parent} does not exist")
     if kw["seq_len"] is None:
         raise click.UsageError("--plan needs --seq-len N: the tokens per sequence you train on")
     if kw["gpu_memory"] is None and kw["fits"] is None:
@@ -38,8 +45,9 @@ def check_plan_options(kw: dict[str, Any]) -> None:
         )
 
 
-def run_plan(model: str, summary: Any, origin: str, source: Any, kw: dict[str, Any]) -> str:
-    """The plan's table (or JSON) for ``model``; ``kw`` are the command's options."""
+def run_plan(model: str, summary: Any, origin: str, source: Any, kw: dict[str, Any]) -> tuple[str, str | None]:
+    """The plan's table (or JSON) for ``model``, and why no config was written when one was asked
+    for and nothing fits (else None); ``kw`` are the command's options."""
     from x_estimate.errors import EstimateError
     from x_estimate.layers import gathered_parameters
     from x_estimate.simulation_error import SimulationError
@@ -86,13 +94,26 @@ def run_plan(model: str, summary: Any, origin: str, source: Any, kw: dict[str, A
         unit_params=unit_params,
     )
     notes = _notes(plan, kw, unit)
-    if kw["as_json"]:
-        return json.dumps(plan_dict(plan, model=model, parameters=summary.parameters, notes=notes), indent=2)
     title = (
         f"Training plan for `{model}`: {summary.class_name} ({summary.library}; from {origin}), "
         f"{summary.parameters:,} trainable parameters"
     )
-    return plan_text(plan, title=title, notes=notes)
+    target, failure = kw["write_config"], None
+    if target is not None and plan.rows:
+        from x_estimate.plan_config import config_text, write_config
+
+        present = set(summary.modules.values())
+        wrap = [name for name in dict.fromkeys(summary.no_split) if name in present]
+        text = config_text(plan, plan.rows[0], model=model, title=title, wrap=wrap, path=target)
+        write_config(target, text, overwrite=kw["overwrite"])
+        notes.append(f"Row 1 written to {target} as a launch config: x-launch --config_file {target} your_script.py")
+    elif target is not None:
+        failure = f"nothing fits {plan.gpus} x {format_size(plan.gpu_memory)}: no config written to {target}"
+    if kw["as_json"]:
+        found = plan_dict(plan, model=model, parameters=summary.parameters, notes=notes)
+        found["config_file"] = str(target) if target is not None and plan.rows else None
+        return json.dumps(found, indent=2), failure
+    return plan_text(plan, title=title, notes=notes), failure
 
 
 def _notes(plan: Plan, kw: dict[str, Any], unit: str) -> list[str]:

@@ -61,7 +61,21 @@ def resolve(
     if spelled:
         for key in ("num_machines", "min_machines", "max_machines"):
             settings[key] = Setting(settings[key].value, spelled)
-    return LaunchConfig.from_settings(_elastic_counts(settings))
+    return LaunchConfig.from_settings(_elastic_counts(_deepspeed_accumulation(settings)))
+
+
+def _deepspeed_accumulation(settings: dict[str, Setting]) -> dict[str, Setting]:
+    """Under DeepSpeed, ``deepspeed_config.gradient_accumulation_steps`` is the run's accumulation.
+
+    As ``accelerate launch`` does with the files it writes (the only place they hold the value):
+    it applies unless ``gradient_accumulation_steps`` itself was given, by flag, variable or file.
+    """
+    kind, steps = settings.get("distributed_type"), settings.get("deepspeed_config.gradient_accumulation_steps")
+    if kind is None or kind.value != "DEEPSPEED" or steps is None or steps.value is None:
+        return settings
+    if "gradient_accumulation_steps" not in settings:
+        settings["gradient_accumulation_steps"] = Setting(steps.value, f"{steps.source} (deepspeed_config)")
+    return settings
 
 
 def _machine_range(flags: dict[str, Any], environ: Mapping[str, str]) -> tuple[dict[str, Any], str | None]:
