@@ -230,3 +230,12 @@ def test_cuda_step_of_a_convnext_counts_the_copies() -> None:
     step = simulate_training(model, config, precision="mixed-bf16", batch_size=2, seq_len=1, device="cuda")
     assert any(note.startswith("convolutions: the layout copies around cuDNN counted") for note in step.notes)
     assert step.reserved is not None and step.reserved >= step.peak
+
+
+def test_cpu_step_of_a_convnext_says_what_onednn_leaves_out() -> None:
+    model, config, _ = _build("convnext", meta=True)
+    step = simulate_training(model, config, precision="fp32", batch_size=2, seq_len=1, device="cpu")
+    (note,) = [note for note in step.notes if note.startswith("convolutions: ")]
+    assert note.startswith("convolutions: oneDNN's layout copies counted (") and note.endswith(
+        "its scratchpads are not"
+    )

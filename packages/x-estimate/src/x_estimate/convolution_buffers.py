@@ -87,7 +87,7 @@ def dense_in(layout: _Layout, channels_last: bool) -> bool:
     return True
 
 
-def _contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
+def contiguous_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(sizes):
         strides.append(step)
@@ -133,7 +133,7 @@ class Convolution:
         if x.dim() == 3:  # aten's view1d_as_2d: the input made contiguous, then every tensor viewed 2-D
             if not dense_in(layouts[0], channels_last=False):
                 copy = x.numel() * x.element_size()
-            layouts = [_view4d((layouts[0][0], _contiguous_strides(layouts[0][0]))), _view4d(layouts[1])]
+            layouts = [_view4d((layouts[0][0], contiguous_strides(layouts[0][0]))), _view4d(layouts[1])]
             out = None if out is None else _view4d(out)
             stride, padding, dilation = [1, *stride], [0, *padding], [1, *dilation]
         return cls(
@@ -186,11 +186,21 @@ class ConvolutionKernels(Protocol):
 
     def events(self, conv: Convolution) -> list[int]: ...
 
+    def note(self, calls: int, largest: str) -> str:
+        """The report's line: what of these kernels is counted and what is not."""
+        ...
+
 
 class CudnnConvolutions:
     """CUDA convolutions: the layout copies PyTorch makes around cuDNN and its depthwise kernel."""
 
     name = "cuDNN"
+
+    def note(self, calls: int, largest: str) -> str:
+        return (
+            f"convolutions: the layout copies around cuDNN counted ({calls} calls, up to {largest}); "
+            "cuDNN's workspace, picked at run time, is not"
+        )
 
     def events(self, conv: Convolution) -> list[int]:
         (n, c, h, w), (o, i, kh, kw) = conv.input[0], conv.weight[0]
@@ -264,7 +274,7 @@ def _dense_layout(sizes: Sequence[int], channels_last: bool) -> _Layout:
     if channels_last and len(sizes) == 4:
         _, c, h, w = sizes
         return tuple(sizes), (h * w * c, 1, w * c, c)
-    return tuple(sizes), _contiguous_strides(sizes)
+    return tuple(sizes), contiguous_strides(sizes)
 
 
 class ConvolutionBuffers(TorchDispatchMode):
@@ -299,13 +309,4 @@ class ConvolutionBuffers(TorchDispatchMode):
     def notes(self) -> list[str]:
         if not self.calls:
             return []
-        largest = f"{self.largest / 2**20:.2f} MiB"
-        if self.kernels.name == "oneDNN":
-            return [
-                f"convolutions: oneDNN's layout copies counted ({self.calls} calls, up to {largest} held "
-                "beyond a call's outputs); its scratchpads are not"
-            ]
-        return [
-            f"convolutions: the layout copies around cuDNN counted ({self.calls} calls, up to {largest}); "
-            "cuDNN's workspace, picked at run time, is not"
-        ]
+        return [self.kernels.note(self.calls, f"{self.largest / 2**20:.2f} MiB")]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from x_estimate.convolution_buffers import Convolution, _contiguous_strides, channels_last_like, dense_in
+from x_estimate.convolution_buffers import Convolution, channels_last_like, contiguous_strides, dense_in
 
 __all__ = ["CpuTarget", "OneDnnConvolutions"]
 
@@ -79,6 +79,12 @@ class OneDnnConvolutions:
 
     def __init__(self, target: CpuTarget) -> None:
         self.target = target
+
+    def note(self, calls: int, largest: str) -> str:
+        return (
+            f"convolutions: oneDNN's layout copies counted ({calls} calls, up to {largest} held beyond a call's "
+            "outputs); its scratchpads are not"
+        )
 
     def events(self, conv: Convolution) -> list[int]:
         outputs = conv.outputs()
@@ -224,7 +230,7 @@ class _OneDnnCall:
         if self.nhwc:
             # mkldnn_to_dense(...).to(ChannelsLast): a second copy unless the plain one already is
             sizes = (self.o, self.i, self.kh, self.kw)
-            again = dense and not channels_last_like((sizes, _contiguous_strides(sizes)))
+            again = dense and not channels_last_like((sizes, contiguous_strides(sizes)))
             tail = [dense, dense, -dense] if again else [dense]
             return [blocked, accumulator, -accumulator, *tail, -blocked]
         source = 0 if gemm else self._activation(self.c, self.h, self.w, source=True)
