@@ -61,3 +61,12 @@ def test_dtypes_values_before_the_model(model_dir, configs, cli) -> None:
     bad = cli("--dtypes", "float64", folder)
     assert bad.code == 2
     assert "Invalid value for '--dtypes': 'float64' is not one of" in bad.err
+
+
+def test_x_launchs_short_dtype_names_are_the_long_ones(model_dir, configs, cli) -> None:
+    folder = model_dir(configs.gpt2())
+    long = cli(folder, "--dtypes", "bfloat16", "float16", "float32", "--json")
+    short = cli("--dtypes", "bf16", "fp16", "fp32", folder, "--json")
+    assert short.code == 0, short.err
+    assert short.json["rows"] == long.json["rows"]
+    assert [r["dtype"] for r in short.json["rows"]] == ["bfloat16", "float16", "float32"]

@@ -199,6 +199,22 @@ def test_path_like_names_that_do_not_exist(model) -> None:
     )
 
 
+def test_a_mistyped_folder_is_said_to_be_missing_with_what_is_there(tmp_path, monkeypatch, configs, hub_cache, cli):
+    (tmp_path / "models" / "gpt2").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    result = cli("models/gtp2")
+    assert result.code == 1 and result.out == ""
+    assert result.err.strip() == (
+        "Error: models/gtp2: no such folder (models/ is a folder here; nor can a Hub id of that name be read); "
+        "did you mean models/gpt2?"
+    )
+    assert "hf download" not in result.err
+    # A folder named like a Hub organisation never hides a cached Hub id.
+    (tmp_path / "acme").mkdir()
+    hub_cache("acme/tiny-bert", configs.bert().to_dict())
+    assert resolve_source("acme/tiny-bert").origin == "Hugging Face cache"
+
+
 def test_unknown_library_is_refused() -> None:
     with pytest.raises(EstimateError, match="unknown library 'keras'; expected one of transformers, timm"):
         resolve_source("resnet50", "keras")

@@ -15,6 +15,7 @@ import click
 
 from x_common import env
 from x_estimate._version import __version__
+from x_estimate.command_line import DTYPE_ALIASES, DtypeChoice, dashed_options, spread_multi_value
 from x_estimate.quantized import INT4_FORMATS
 from x_estimate.report import DTYPES
 from x_estimate.simulated_rows import METHODS
@@ -38,51 +39,6 @@ class _Size(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-def _spread_multi_value(argv: list[str], option: str) -> list[str]:
-    """Let ``--dtypes float32 float16`` (Accelerate's spelling) reach click as repeated options."""
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--":
-            out += argv[i:]
-            break
-        if arg.startswith(option + "="):
-            out += [x for v in arg.split("=", 1)[1].split(",") if v for x in (option, v)]
-        elif arg == option:
-            i += 1
-            took = 0
-            # Take words while they are dtypes, so "--dtypes float32 float16 MODEL" leaves MODEL;
-            # a first word that is no dtype is still taken, for click to name it as invalid.
-            while i < len(argv) and not argv[i].startswith("-"):
-                values = [v for v in argv[i].split(",") if v]
-                if took and not all(v in DTYPES for v in values):
-                    break
-                out += [x for v in values for x in (option, v)]
-                took += 1
-                i += 1
-            if not took:
-                out.append(option)
-            continue
-        else:
-            out.append(arg)
-        i += 1
-    return out
-
-
-def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
-    """``--seq_len 8`` reads as ``--seq-len 8``: Accelerate's underscore spelling of every dashed option."""
-    out: list[str] = []
-    for i, arg in enumerate(argv):
-        if arg == "--":
-            return out + argv[i:]
-        name, eq, value = arg.partition("=")
-        if name.startswith("--") and "_" in name and name not in known and name.replace("_", "-") in known:
-            arg = name.replace("_", "-") + eq + value
-        out.append(arg)
-    return out
-
-
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100}, no_args_is_help=True)
 @click.argument("model")
 @click.option(
@@ -94,8 +50,9 @@ def _dashed_options(argv: list[str], known: set[str]) -> list[str]:
 @click.option(
     "--dtypes",
     multiple=True,
-    type=click.Choice(DTYPES),
-    help=f"Rows to print: any of {', '.join(DTYPES)} (default all).",
+    type=DtypeChoice(DTYPES),
+    help=f"Rows to print: any of {', '.join(DTYPES)} (default all); "
+    f"{', '.join(DTYPE_ALIASES)} name {', '.join(DTYPE_ALIASES.values())}, as x-launch spells them.",
 )
 @click.option(
     "--trust_remote_code",
@@ -381,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     try:
         known = {o for p in _command.params for o in (*p.opts, *p.secondary_opts)}
-        args = _spread_multi_value(_dashed_options(args, known), "--dtypes")
+        args = spread_multi_value(dashed_options(args, known), "--dtypes")
         code = _command.main(args=args, prog_name="x-estimate", standalone_mode=False)
     except click.exceptions.NoArgsIsHelpError as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else "Usage: x-estimate [OPTIONS] MODEL", err=True)

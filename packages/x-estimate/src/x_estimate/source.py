@@ -4,6 +4,7 @@ offline) or timm's registry. Nothing but a ``config.json`` is ever downloaded.
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import json
 import os
@@ -59,6 +60,24 @@ def _looks_like_path(model: str) -> bool:
     return model.startswith((".", "/", "~")) or model.endswith(("/", os.sep)) or model.count("/") > 1
 
 
+def _missing_local_folder(model: str) -> str | None:
+    """For ``org/name`` the Hub did not give, whose ``org`` is a folder here: a mistyped path, said as one.
+
+    Only after the Hub (its cache, offline) was asked: a folder named as a Hub organisation never
+    hides a cached Hub id.
+    """
+    parent, _, name = model.partition("/")
+    if not name or not Path(parent).is_dir():
+        return None
+    try:
+        present = sorted(p.name for p in Path(parent).iterdir() if p.is_dir())
+    except OSError:
+        present = []
+    near = difflib.get_close_matches(name, present, n=3)
+    hint = f"; did you mean {' or '.join(f'{parent}/{n}' for n in near)}?" if near else ""
+    return f"{model}: no such folder ({parent}/ is a folder here; nor can a Hub id of that name be read){hint}"
+
+
 def resolve_source(model: str, library: str | None = None, *, token: str | None = None) -> ModelSource:
     """Find ``model`` without downloading weights.
 
@@ -87,6 +106,9 @@ def _resolve(model: str, library: str | None, token: str | None) -> ModelSource:
     try:
         return _hub(model, library, token)
     except EstimateError as exc:
+        missing = _missing_local_folder(model)
+        if missing is not None:
+            raise EstimateError(missing) from None
         if "/" in model or library is not None or _timm_module() is not None:
             raise
         # A bare name may be a timm model that we could not recognise without timm.
