@@ -9,11 +9,13 @@ module fixture), so the whole file takes about as long as its slowest job. The s
 the stuck rank and the line it is on, and the waiting ranks with their collective and line, within
 the timeout plus 10 s of the stall (the "for N s" the summary prints); x-launch then exits with
 124. A job whose steps last longer than the timeout but that keeps entering backward is not
-stalled; a job with one slow rank names it at the end; ``--stall-action report`` keeps the job.
+stalled; a job with one slow rank names it at the end, unless ``--straggler_report false`` or
+more processes than cores (said once, at the start); ``--stall-action report`` keeps the job.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -46,10 +48,14 @@ class Job:
     root: Path
 
     def summary(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.startswith("x-launch: ")]
+        """x-launch's lines but the one saying, at the start, that the CPU processes outnumber the cores."""
+        lines = self.stderr.splitlines()
+        return [line for line in lines if line.startswith("x-launch: ") and not CROWDED.match(line)]
 
 
 LOGS = ("--log_dir", "logs")  # the stacks go there, inside the test's folder
+CROWDED = re.compile(r"x-launch: (\d+) CPU processes on (\d+) logical cores? take turns on them: ")
+CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 JOBS = {
     # name: (processes, x-launch flags, worker flags)
@@ -58,8 +64,13 @@ JOBS = {
     "loader": (2, ("--stall-timeout", str(TIMEOUT), *LOGS), ("--mode", "loader")),
     "recv": (2, ("--stall-timeout", str(TIMEOUT), *LOGS), ("--mode", "recv")),
     # steps of 3 micro-batches, 1.5 s each: 4.5 s per step against a 3 s timeout
-    "slow": (2, ("--stall-timeout", str(TIMEOUT)), ("--mode", "slow", "--pace", "4.5", "--steps", "6")),
+    "slow": (
+        2,
+        ("--stall-timeout", str(TIMEOUT), "--straggler_report", "false"),
+        ("--mode", "slow", "--pace", "4.5", "--steps", "6"),
+    ),
     "straggler": (2, (), ("--mode", "straggler", "--pace", "0.05", "--steps", "10")),
+    "crowded": (3, (), ("--mode", "straggler", "--pace", "0.05", "--steps", "10")),
     "report": (
         2,
         ("--stall-timeout", str(TIMEOUT), "--stall-action", "report", *LOGS),
@@ -194,6 +205,22 @@ def test_steps_longer_than_the_timeout_are_progress_when_backward_runs_inside_th
     job = jobs["slow"]
     assert job.code == 0, job.stderr[-3000:]
     assert "stalled" not in job.stderr
+    assert not any("step time" in line for line in job.summary()), job.summary()  # --straggler_report false
+
+
+def test_more_processes_than_cores_is_said_once_and_names_no_straggler(jobs) -> None:
+    job = jobs["crowded"]  # 3 processes: more than CI's 2 cores
+    assert job.code == 0, job.stderr[-3000:]
+    said = [line for line in job.stderr.splitlines() if CROWDED.match(line)]
+    timed = [line for line in job.summary() if "step time" in line]
+    if CORES >= 3:  # they do not take turns: no word of it, and the report as usual
+        assert (said, len(timed)) == ([], 1), job.stderr[-3000:]
+        return
+    assert said == [
+        f"x-launch: 3 CPU processes on {CORES} logical core{'s' if CORES > 1 else ''} take turns on them: the job "
+        "runs slower than with fewer, and its step times say little (no straggler report at the end)"
+    ]
+    assert timed == [], job.summary()
 
 
 def test_the_end_of_a_job_names_the_straggler(jobs) -> None:

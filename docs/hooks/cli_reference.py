@@ -2,7 +2,7 @@
 
 A page line such as
 
-    <!-- cli-reference x_launch.cli:_cli prog=x-launch level=4 -->
+    <!-- cli-reference x_launch.cli:_cli prog=x-launch level=4 skip=launch -->
 
 is replaced by the ``--help`` text of that click command, exactly as the terminal prints it,
 followed by every subcommand (recursively, hidden ones left out) under a heading of its full
@@ -10,9 +10,9 @@ command path, starting at heading ``level``. The help comes from click itself, s
 cannot drift from the code; a marker that cannot be read or imported fails the build.
 
 mkdocs-click renders help text as Markdown, which drops placeholders such as ``X_LAUNCH_<KEY>``
-(read as HTML tags) and runs click's ``\\b`` example blocks together; and x-launch's ``launch``
-command is not part of its click group (``x_launch.cli.main`` picks it from argv), so it needs
-its own marker under a heading of the page's choosing.
+(read as HTML tags) and runs click's ``\\b`` example blocks together. ``skip=a,b`` leaves those
+subcommands out: x-launch's ``launch`` is listed in its group but has its own marker under a
+heading of the page's choosing (``x_launch.cli.main`` runs it without the word).
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ from mkdocs.exceptions import PluginError
 TERMINAL_WIDTH = 120
 
 MARKER = re.compile(r"^<!-- cli-reference\b(?P<body>.*?)-->[ \t]*$", re.MULTILINE)
-BODY = re.compile(r"^\s*(?P<module>[\w.]+):(?P<attr>\w+)\s+prog=(?P<prog>\S+)(?:\s+level=(?P<level>[1-6]))?\s*$")
+BODY = re.compile(
+    r"^\s*(?P<module>[\w.]+):(?P<attr>\w+)\s+prog=(?P<prog>\S+)(?:\s+level=(?P<level>[1-6]))?"
+    r"(?:\s+skip=(?P<skip>[\w,-]+))?\s*$"
+)
 
 
 def _command(module: str, attr: str) -> click.Command:
@@ -46,14 +49,20 @@ def _context(command: click.Command, name: str, parent: click.Context | None) ->
     return ctx
 
 
-def _render(command: click.Command, name: str, level: int, parent: click.Context | None = None) -> list[str]:
-    """The command's help in a text block, then each subcommand's under its own heading."""
+def _render(
+    command: click.Command,
+    name: str,
+    level: int,
+    parent: click.Context | None = None,
+    skip: frozenset[str] = frozenset(),
+) -> list[str]:
+    """The command's help in a text block, then each subcommand's under its own heading (but those in ``skip``)."""
     ctx = _context(command, name, parent)
     lines = ["```text", *ctx.get_help().splitlines(), "```", ""]
     if isinstance(command, click.Group):
         for sub_name in command.list_commands(ctx):
             sub = command.get_command(ctx, sub_name)
-            if sub is None or sub.hidden:
+            if sub is None or sub.hidden or sub_name in skip:
                 continue
             path = f"{ctx.command_path} {sub_name}"
             lines += [f"{'#' * min(level, 6)} `{path}`", ""]
@@ -68,7 +77,8 @@ def _replace(match: re.Match[str]) -> str:
             f"cli-reference: cannot read {match.group(0)!r}; expected <!-- cli-reference module:attr prog=NAME [level=N] -->"
         )
     command = _command(spec["module"], spec["attr"])
-    return "\n".join(_render(command, spec["prog"], int(spec["level"] or 3))).rstrip() + "\n"
+    skip = frozenset((spec["skip"] or "").split(",")) - {""}
+    return "\n".join(_render(command, spec["prog"], int(spec["level"] or 3), skip=skip)).rstrip() + "\n"
 
 
 def on_page_markdown(markdown: str, **kwargs: Any) -> str:

@@ -220,3 +220,19 @@ def test_scratch_log_folders_are_removed_even_after_a_killed_run(run, tmp_path: 
     assert run("--num_processes", "2", "--cpu", str(ok), TMPDIR=str(scratch)).returncode == 0
     assert run("--num_processes", "2", "--cpu", str(fail), TMPDIR=str(scratch)).returncode == 1
     assert list(scratch.iterdir()) == []
+
+
+def test_more_cpu_processes_than_cores_start_with_one_warning_and_no_straggler_report() -> None:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    fits = build_plan(_settings(num_processes=cores, use_cpu=True), ["train.py"], environ={}, gpu_capabilities=[])
+    assert fits.warnings == []
+    crowded = build_plan(
+        _settings(num_processes=cores + 1, use_cpu=True), ["train.py"], environ={}, gpu_capabilities=[]
+    )
+    assert crowded.warnings == [
+        f"x-launch: {cores + 1} CPU processes on {cores} logical core{'s' if cores > 1 else ''} take turns on them: "
+        "the job runs slower than with fewer, and its step times say little (no straggler report at the end)"
+    ]
+    assert "take turns" not in crowded.describe()  # --dry-run shows the plan; the warning is the job's
+    on_gpus = build_plan(_settings(num_processes=2), ["train.py"], environ={}, gpu_capabilities=[(9, 0)] * 2)
+    assert on_gpus.warnings == []  # a GPU's process waits on its GPU, not on a core

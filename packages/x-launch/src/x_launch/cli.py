@@ -318,6 +318,10 @@ def launch(
     sys.exit(run_plan(plan, click.get_current_context().obj))  # main's EarlySignals, or None
 
 
+# Listed in `x-launch --help` among the commands; main() runs it itself, the word being optional.
+_cli.add_command(launch)
+
+
 def _value_options(command: click.Command) -> set[str]:
     """The spellings of ``command``'s options that take a value."""
     return {

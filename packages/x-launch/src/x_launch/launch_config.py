@@ -139,9 +139,7 @@ class LaunchConfig(Mapping[str, Setting]):
     monitor_interval: float | None = option(
         Float(minimum=0.0), None, doc="seconds between torchrun's checks of its workers", cli=_cli("monitor_interval")
     )
-    role: str | None = option(
-        Str(), None, doc="the workers' name in torchrun's logs (torchrun --role)", cli=("--role",)
-    )
+    role: str | None = option(Str(), None, doc="the workers' name in torchrun's logs", cli=("--role",))
     gpu_ids: str = option(
         GpuIds(),
         "all",
@@ -175,6 +173,7 @@ class LaunchConfig(Mapping[str, Setting]):
     # the stall watchdog (x_launch.stall, its rows in stall_settings): settings of the launcher, the ranks only get its folder
     stall_timeout: int = option(**stall_settings.TIMEOUT_ROW)
     stall_action: str = option(**stall_settings.ACTION_ROW)
+    straggler_report: bool = option(**stall_settings.STRAGGLER_ROW)
     # --- what the training processes get ----------------------------------------------------
     mixed_precision: str = _contract(
         env.MIXED_PRECISION,

@@ -49,6 +49,7 @@ class LaunchPlan:
     engine: Engine
     settings: LaunchConfig = field(default_factory=LaunchConfig)
     notes: list[str] = field(default_factory=list)  # how the plan came about, e.g. the SLURM situation
+    warnings: list[str] = field(default_factory=list)  # said once, when the job starts
     scratch_logs: str | None = None  # per-rank stderr logs x-launch keeps for a failure report, then removes
 
     def describe(self) -> str:
@@ -138,8 +139,7 @@ def build_plan(
         env_vars.update(slurm_plan.rank_environment(job, settings))
         argv = [*runner, *target]
         return LaunchPlan(argv, env_vars, Engine.PYTHON, settings, notes)
-    if job is None:
-        _check_counts(settings, environ, gpus)
+    warnings = _check_counts(settings, environ, gpus) if job is None else []
     if procs == 1 and machines == 1:
         argv = [*runner, *target]
         return LaunchPlan(argv, env_vars, Engine.PYTHON, settings, notes)
@@ -189,7 +189,7 @@ def build_plan(
         argv += ["--log-dir", scratch, "--redirects", "2"]
 
     argv += [*(["--no-python"] if no_python else ["-m"] if module else []), *target]
-    return LaunchPlan(argv, env_vars, Engine.TORCHRUN, settings, notes, scratch_logs=scratch)
+    return LaunchPlan(argv, env_vars, Engine.TORCHRUN, settings, notes, warnings, scratch_logs=scratch)
 
 
 def _tpu_plan(
@@ -288,15 +288,18 @@ def _with_timeout(settings: LaunchConfig, key: str) -> str:
     return ",".join(part for part in (given, f"{key}={settings.rdzv_timeout}") if part)
 
 
-def _check_counts(settings: LaunchConfig, environ: Mapping[str, str], gpus: list[tuple[int, int]]) -> None:
-    """Refuse process counts this machine cannot run (SLURM's own counts are checked against the job)."""
+def _check_counts(settings: LaunchConfig, environ: Mapping[str, str], gpus: list[tuple[int, int]]) -> list[str]:
+    """Refuse process counts this machine cannot run (SLURM's own counts are checked against the job);
+    the warnings of those it runs badly."""
     if settings.tpu or settings.distributed_type == "XLA":
-        return
+        return []
     per_machine = settings.num_processes // max(settings.num_machines, 1)
     if _on_cpu(settings, gpus):
         preflight.check_cpu_processes(per_machine, settings.max_cpu_processes)
-    else:
-        preflight.check_gpu_processes(per_machine, _visible_gpus(settings, environ, gpus))
+        crowded = preflight.oversubscribed(per_machine)
+        return [crowded] if crowded is not None else []
+    preflight.check_gpu_processes(per_machine, _visible_gpus(settings, environ, gpus))
+    return []
 
 
 def _visible_gpus(settings: LaunchConfig, environ: Mapping[str, str], gpus: list[tuple[int, int]]) -> int:

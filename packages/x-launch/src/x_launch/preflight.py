@@ -22,6 +22,7 @@ __all__ = [
     "check_cpu_processes",
     "check_gpu_processes",
     "check_port",
+    "oversubscribed",
     "resolve_host",
 ]
 
@@ -48,6 +49,17 @@ def check_cpu_processes(per_machine: int, allowed: int | None) -> None:
             f"{per_machine} CPU processes on this machine is more than it can run well ({cores} logical cores, "
             f"limit {limit} by {how}): use fewer, or raise the limit with --max_cpu_processes N"
         )
+
+
+def oversubscribed(per_machine: int) -> str | None:
+    """The line that says, once per job, that CPU processes outnumber this machine's cores (else None)."""
+    cores = _logical_cores()
+    if per_machine <= cores:
+        return None
+    return (
+        f"x-launch: {per_machine} CPU processes on {cores} logical core{'s' if cores > 1 else ''} take turns on "
+        "them: the job runs slower than with fewer, and its step times say little (no straggler report at the end)"
+    )
 
 
 def check_gpu_processes(per_machine: int, visible: int) -> None:

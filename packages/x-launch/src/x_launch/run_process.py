@@ -173,6 +173,8 @@ def run_plan(plan: LaunchPlan, early: EarlySignals | None = None) -> int:
     reported = env.to_environ({env.FAILURE_REPORT: report}) if report is not None else {}
     log_dir = _log_dir(plan.argv) if plan.scratch_logs is None else None
     stall = _stall_watch(plan, log_dir)
+    for line in plan.warnings:
+        print(line, file=sys.stderr, flush=True)
     child = subprocess.Popen(
         plan.argv,
         env={**os.environ, **plan.env, **(relay.environment() if relays else {}), **reported, **stall.environment()},
@@ -254,7 +256,10 @@ def run_plan(plan: LaunchPlan, early: EarlySignals | None = None) -> int:
 def _stall_watch(plan: LaunchPlan, log_dir: Path | None) -> StallWatch:
     """The stall watchdog of one local run (timeout 0: off); SLURM's and TPU's runs leave it to what they start."""
     local = plan.engine in (Engine.PYTHON, Engine.TORCHRUN)
-    return StallWatch(plan.settings.stall_timeout if local else 0, plan.settings.stall_action, log_dir)
+    # Ranks taking turns on too few cores (plan.warnings says so) all look slow: no straggler is real there.
+    report = plan.settings.straggler_report and not plan.warnings
+    timeout = plan.settings.stall_timeout if local else 0
+    return StallWatch(timeout, plan.settings.stall_action, log_dir, step_report=report)
 
 
 def _after_preemption(plan: LaunchPlan, code: int, stopped_for_it: bool) -> int:

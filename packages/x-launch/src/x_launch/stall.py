@@ -70,10 +70,13 @@ def _catches(pid: int, number: int) -> bool:
 class StallWatch:
     """One launch's progress folder and the thread that watches it."""
 
-    def __init__(self, timeout: int, action: str, log_dir: Path | None, *, poll_s: float = 1.0) -> None:
+    def __init__(
+        self, timeout: int, action: str, log_dir: Path | None, *, poll_s: float = 1.0, step_report: bool = True
+    ) -> None:
         self.timeout_ns = int(timeout * 1e9)
         self.timeout = timeout
         self.action = action
+        self.step_report = step_report  # the end-of-job step times and stragglers
         self.log_dir = log_dir
         self.poll_s = min(poll_s, max(timeout / 5, 0.05))
         self.folder = os.path.join(tempfile.gettempdir(), f"x-launch-{os.getpid()}-{uuid.uuid4().hex[:8]}-progress")
@@ -99,7 +102,7 @@ class StallWatch:
         self._done.set()
         if self._thread is not None:
             self._thread.join(timeout=_DUMP_WAIT_S + 5)
-        if self.stalled or not self.timeout:
+        if self.stalled or not self.timeout or not self.step_report:
             return []
         return [f"x-launch: {line}" for line in stragglers(self.snapshots())]
 
