@@ -140,8 +140,10 @@ def env_command(config_file: Path | None) -> None:
 
 @_cli.command("test")
 @_CONFIG_FILE
-@setting_options(["num_processes", "use_cpu"])
-def test_command(config_file: Path | None, num_processes: str | None, use_cpu: bool | None) -> None:
+@setting_options(["num_processes", "use_cpu", "mixed_precision"])
+def test_command(
+    config_file: Path | None, num_processes: str | None, use_cpu: bool | None, mixed_precision: str | None
+) -> None:
     """Run a short distributed self-check under the configured launch.
 
     \b
@@ -154,6 +156,7 @@ def test_command(config_file: Path | None, num_processes: str | None, use_cpu: b
       x-launch test
       x-launch test --config_file "./my configs/launch.yaml"
       x-launch test --num_processes 2 --cpu
+      x-launch test --mixed_precision bf16   # training parity to bf16's tolerance
     """
     from x_launch.config_file import find_config, load_config
     from x_launch.launch_plan import build_plan
@@ -161,9 +164,8 @@ def test_command(config_file: Path | None, num_processes: str | None, use_cpu: b
     from x_launch.test_command import run_self_check
 
     path, _ = find_config(config_file)
-    settings = resolve(
-        load_config(path) if path is not None else None, {"num_processes": num_processes, "use_cpu": use_cpu}
-    )
+    flags = {"num_processes": num_processes, "use_cpu": use_cpu, "mixed_precision": mixed_precision}
+    settings = resolve(load_config(path) if path is not None else None, flags)
     # Built once before starting anything: a bad config is one line; SLURM may change the world size.
     probe = build_plan(settings, ["x_launch.selfcheck"], module=True)
     world = probe.settings.num_processes

@@ -56,6 +56,10 @@ def check_layout(infos: list[dict[str, Any]], world: int) -> str:
     return f"{world} ranks, {len(per_host)} host(s) ({hosts})"
 
 
+# How far 3 SGD steps on 2+ processes may land from the same steps on one, by mixed precision.
+PARITY_TOLERANCE = {"no": 1e-5, "fp16": 2.0**-10, "bf16": 2.0**-8}
+
+
 class SelfCheck:
     """The checks of one process, in order."""
 
@@ -167,8 +171,8 @@ class SelfCheck:
                 f"torch.distributed {self.rank} of {self.world}"
             )
         self._sharding(accelerator)
-        self._training_parity(accelerator)
-        return "Accelerator: ranks, data sharding, gather_for_metrics, training parity"
+        precision = self._training_parity(accelerator)
+        return f"Accelerator: ranks, data sharding, gather_for_metrics, training parity (mixed_precision {precision})"
 
     def _sharding(self, accelerator: Any) -> None:
         from torch.utils.data import DataLoader
@@ -187,7 +191,7 @@ class SelfCheck:
         if len(set(everyone)) != 1:
             raise CheckFailed(f"ranks got different numbers of samples: {everyone}")
 
-    def _training_parity(self, accelerator: Any) -> None:
+    def _training_parity(self, accelerator: Any) -> str:
         torch = self.torch
         generator = torch.Generator().manual_seed(0)
         x, y = torch.randn(8 * self.world, 3, generator=generator), torch.randn(8 * self.world, 1, generator=generator)
@@ -199,7 +203,9 @@ class SelfCheck:
         reference = fresh()
         ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
         for _ in range(3):
-            torch.nn.functional.mse_loss(reference(x), y).backward()
+            with accelerator.autocast():  # one process under the configured precision
+                loss = torch.nn.functional.mse_loss(reference(x), y)
+            loss.backward()
             ref_opt.step()
             ref_opt.zero_grad()
         model = fresh()
@@ -212,8 +218,16 @@ class SelfCheck:
             optimizer.zero_grad()
         trained = accelerator.unwrap_model(model).weight.detach().cpu()
         difference = (trained - reference.weight.detach()).abs().max().item()
-        if difference > 1e-5:
-            raise CheckFailed(f"{self.world}-process training differs from 1 process by {difference:.3g}")
+        precision = str(accelerator.mixed_precision)
+        # Each rank's gradient of its half batch is rounded to the precision's 16 bits before the ranks
+        # average them, one process's once: about one unit in the last place of the weights (|w| < 1).
+        tolerance = PARITY_TOLERANCE.get(precision, PARITY_TOLERANCE["bf16"])
+        if difference > tolerance:
+            raise CheckFailed(
+                f"{self.world}-process training differs from 1 process by {difference:.3g} under mixed_precision "
+                f"{precision} (its tolerance: {tolerance:.3g})"
+            )
+        return precision
 
     def checks(self) -> list[tuple[str, Callable[[], str]]]:
         found = [
