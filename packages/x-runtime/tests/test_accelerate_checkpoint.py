@@ -273,3 +273,53 @@ def test_automatic_naming_resumes_accelerate_checkpoint_n(tmp_path) -> None:
     _accelerate_folder(tmp_path / "checkpoints" / "checkpoint_1", model, optimizer)
     assert accelerator.load_state() == str(tmp_path / "checkpoints" / "checkpoint_1")
     assert accelerator.project_configuration.iteration == 2  # the next save_state writes checkpoint_2
+
+
+def test_a_resumed_accelerate_folder_is_saved_into_in_place(tmp_path) -> None:
+    """Accelerate's save_state overwrites its folder: resume from it, train, save there; x replaces it whole."""
+    accelerator, model, optimizer = _prepared()
+    folder = _accelerate_folder(tmp_path / "ckpt", model, optimizer)
+    (folder / "sampler.bin").write_bytes(b"")  # its other files (here one x does not read) go too
+    accelerator.load_state(folder)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    trained = {k: v.clone() for k, v in model.state_dict().items()}
+    assert accelerator.save_state(folder) == str(folder)
+    assert (folder / MANIFEST).is_file() and not written_by_accelerate(folder)
+    assert not (folder / "sampler.bin").exists()  # nothing of Accelerate's save is left to be misread
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no staging or old copy beside it
+    fresh, model2, _ = _prepared()
+    fresh.load_state(folder)
+    _assert_same_weights(model2.state_dict(), trained, "the weights saved in place")
+
+
+def test_an_accelerate_folder_with_other_files_is_not_replaced(tmp_path) -> None:
+    accelerator, model, optimizer = _prepared()
+    folder = _accelerate_folder(tmp_path / "ckpt", model, optimizer)
+    (folder / "notes.txt").write_text("lr 0.01 was too high")
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(ValueError) as caught:
+        accelerator.save_state(folder)
+    assert str(caught.value) == (
+        f"cannot save a checkpoint to {folder}: it holds Accelerate's checkpoint and files it did not write "
+        "(notes.txt), which replacing the folder would delete; move them, or save to another folder"
+    )
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert (folder / "notes.txt").read_text() == "lr 0.01 was too high"
+
+
+def test_a_folder_that_is_no_checkpoint_is_never_replaced(tmp_path) -> None:
+    accelerator, _model, _optimizer = _prepared()
+    folder = tmp_path / "results"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"the user's own")
+    with pytest.raises(ValueError) as caught:
+        accelerator.save_state(folder)
+    assert str(caught.value) == (
+        f"cannot save a checkpoint to {folder}: the folder holds files and is not a checkpoint "
+        f"(no {MANIFEST}); choose another folder, or empty it"
+    )
+    assert [p.name for p in folder.iterdir()] == ["model.pt"] and (
+        folder / "model.pt"
+    ).read_bytes() == b"the user's own"

@@ -34,7 +34,7 @@ from x_runtime.strategies.defaults import check_shapes, load_full_weights
 if TYPE_CHECKING:
     from x_runtime.process.state import ProcessState
 
-__all__ = ["load_accelerate_checkpoint", "written_by_accelerate"]
+__all__ = ["foreign_files", "load_accelerate_checkpoint", "written_by_accelerate"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +66,19 @@ def written_by_accelerate(folder: Path) -> bool:
     if not folder.is_dir() or (folder / MANIFEST).is_file():
         return False
     return not _any(folder, _X_ONLY) and _any(folder, _ACCELERATE)
+
+
+# Every name Accelerate's save_state writes into its folder (one process or many, any strategy x reads).
+_ITS_FILES = (*_ACCELERATE, "scheduler*.bin", "scaler.pt", *_UNREAD_LOADER_FILES)
+
+
+def foreign_files(folder: Path) -> list[str]:
+    """What in Accelerate's checkpoint ``folder`` its ``save_state`` did not write (sorted names).
+
+    A save replaces Accelerate's folder whole, as it replaces its own (Accelerate's save_state
+    overwrites in place): only when nothing else would go with it.
+    """
+    return sorted(p.name for p in folder.iterdir() if not any(p.match(pattern) for pattern in _ITS_FILES))
 
 
 def load_accelerate_checkpoint(folder: Path, parts: CheckpointParts, state: ProcessState, strict: bool) -> Path:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from x_runtime.checkpoint.accelerate_layout import foreign_files, written_by_accelerate
 from x_runtime.checkpoint.parts import MANIFEST, CheckpointParts
 from x_runtime.io.atomic import partial_dir_for
 from x_runtime.io.disk_space import (
@@ -169,9 +170,18 @@ def _amounts_of(failure: BaseException | None) -> dict[str, Any]:
 
 
 def _check_replaceable(target: Path) -> None:
-    # A save replaces only a checkpoint (or an empty folder): never a user's file or folder.
+    # A save replaces only a checkpoint (x's or Accelerate's) or an empty folder: never a user's file or folder.
     if target.exists() and not target.is_dir():
         raise ValueError(f"cannot save a checkpoint to {target}: it is a file; save_state writes a folder")
+    if written_by_accelerate(target):
+        others = foreign_files(target)
+        if others:
+            raise ValueError(
+                f"cannot save a checkpoint to {target}: it holds Accelerate's checkpoint and files it did not write "
+                f"({', '.join(others[:3])}{', ...' if len(others) > 3 else ''}), which replacing the folder would "
+                "delete; move them, or save to another folder"
+            )
+        return  # replaced whole once the new one is complete, as x's own checkpoints are
     if target.is_dir() and not (target / MANIFEST).is_file() and any(target.iterdir()):
         raise ValueError(
             f"cannot save a checkpoint to {target}: the folder holds files and is not a checkpoint "
