@@ -150,8 +150,8 @@ def coverage_estimate(session: nox.Session) -> None:
     install(session, (ESTIMATE,), torch=ESTIMATE.torch, tools=(*TEST_TOOLS, *ESTIMATE.test_deps))
     run_pytest(
         session,
-        "packages/x-estimate/tests/test_coverage.py",
-        "packages/x-estimate/tests/test_timm_coverage.py",
+        "packages/x-estimate/tests/model/test_coverage.py",
+        "packages/x-estimate/tests/model/test_timm_coverage.py",
         "-m",
         "coverage",
         "-s",
@@ -186,7 +186,7 @@ def tests_xla_cpu(session: nox.Session) -> None:
         session,
         str(tests / "test_xla.py"),
         str(tests / "test_xla_config.py"),
-        "packages/x-launch/tests/test_xla_run.py",
+        "packages/x-launch/tests/run/test_xla_spawn.py",
     )
 
 

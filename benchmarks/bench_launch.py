@@ -12,7 +12,7 @@ What a user waits for when typing a launcher command, so every command runs as a
   torch stayed out of sys.modules and that the output is right (a fast wrong answer is no answer).
 - launch overhead: wall time from starting a 2-process CPU launch of launch_workers/barrier.py
   (gloo init_process_group, one barrier, destroy) to its exit. x-launch vs the very torchrun
-  command x-launch runs (read from its --dry-run output, `python -m x_launch.torchrun ...`, run as
+  command x-launch runs (read from its --dry-run output, `python -m x_launch.run.torchrun_agent ...`, run as
   `python -m torch.distributed.run` with the same arguments: a static rendezvous on 127.0.0.1) vs `accelerate launch --multi_gpu --num_processes 2`.
   `accelerate launch --cpu --num_processes 2` starts ONE plain process (its simple launcher;
   `--multi_gpu --cpu` is refused), so Accelerate's row uses --multi_gpu, which runs torchrun's
@@ -171,10 +171,10 @@ def torchrun_of(dry_run_output: str) -> list[str]:
     if line is None or "engine: torchrun" not in dry_run_output:
         sys.exit(f"x-launch --dry-run shows no torchrun command:\n{dry_run_output}")
     argv = shlex.split(line.removeprefix("command: "))
-    if "x_launch.torchrun" not in argv:
+    if "x_launch.run.torchrun_agent" not in argv:
         sys.exit(f"unexpected engine command, update this benchmark: {line}")
-    # x-launch runs torchrun through x_launch.torchrun (its failures read typed); the reference is torchrun.
-    argv[argv.index("x_launch.torchrun")] = "torch.distributed.run"
+    # x-launch runs torchrun through x_launch.run.torchrun_agent (its failures read typed); the reference is torchrun.
+    argv[argv.index("x_launch.run.torchrun_agent")] = "torch.distributed.run"
     if "--master-port" in argv:
         argv[argv.index("--master-port") + 1] = "{port}"
     elif "--standalone" not in argv:  # standalone: torchrun binds a free port itself

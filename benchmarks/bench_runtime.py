@@ -87,7 +87,7 @@ TARGET_MICRO_STEP = 1.02  # fixed per-step overhead shows here
 TARGET_SMALL_STEP = 1.01  # a real model hides most overhead
 TARGET_LOADER = 0.99
 TARGET_SETUP = 1.05  # DDP wrapping and a sampler are the floor
-TARGET_GATHER = 1.10  # one collective: the shape header rides with the data (x_runtime.process._gather_fold)
+TARGET_GATHER = 1.10  # one collective: the shape header rides with the data (x_runtime.process.collectives.gathering)
 TARGET_IMPORT = 1.05
 
 VARIANTS = ("plain", "accelerate", "x")

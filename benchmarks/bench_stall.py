@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from x_common import env
-from x_runtime.process import progress
+from x_runtime.process.operations import progress
 
 
 def _per_step_us(loops: int, collectives: int) -> float:

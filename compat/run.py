@@ -12,7 +12,7 @@ Each launch records its sub-tests (``compat/harness.py``); after a failure or a 
 launched again, skipping what is decided, so one broken sub-test does not hide the rest. The run
 fails (exit 1) when a sub-test Accelerate passes does not pass on x; what Accelerate itself fails
 here is shown in the table with its own error. ``--table`` writes the markdown table that
-docs/migration.md records.
+docs/compatibility.md records.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Nothing of Accelerate's is kept in this repository: the tests come from the pinn
 Each file is run twice, by pytest in a fresh process:
 
 - **accelerate**: as the sdist has it;
-- **x**: its imports rewritten by ``x-launch migrate`` itself (``x_launch.migrate``). What migrate
+- **x**: its imports rewritten by ``x-launch migrate`` itself (``x_launch.migrate.rewrite``). What migrate
   leaves on Accelerate because x lacks the name becomes a stand-in (``x_compat_missing.Missing``)
   that fails, naming the name, only where a test uses it, so no test runs Accelerate's code in the
   x run. Accelerate's test helpers (``accelerate.test_utils``: ``require_cpu``,
@@ -17,7 +17,7 @@ Each file is run twice, by pytest in a fresh process:
 Every test Accelerate passes here must pass on x, or be listed in ``compat/unit_gaps.txt`` with
 its kind and reason: ``private`` (it asserts Accelerate's internals: ``_models``, a shared
 singleton, a private module or mechanism), ``differs`` (x behaves otherwise on purpose, as
-docs/migration.md says) or ``gap`` (x lacks the name or the behaviour yet: open work). The run fails on an unlisted failure and on a listed test that
+docs/compatibility.md says) or ``gap`` (x lacks the name or the behaviour yet: open work). The run fails on an unlisted failure and on a listed test that
 now passes (take its line out). ``--update-gaps`` rewrites the file from this run, keeping the
 reasons already written.
 """
@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from x_launch.migrate import migrate_with_notes
+from x_launch.migrate.rewrite import migrate_with_notes
 
 ROOT = Path(__file__).resolve().parents[1]
 GAPS = Path(__file__).with_name("unit_gaps.txt")

@@ -9,12 +9,16 @@ installed):
 - no module reaches into another folder's private parts: a ``_private`` module, a ``_private``
   name, or ``module._private`` on a module imported from elsewhere. A folder is the directory that
   holds the module; a parent and its child directories are different folders;
-- every source file stays under 400 lines;
+- no source file grows into a god object: one concept per module decides where code goes, and a
+  module of 900 lines or more is a sign that several concepts share it;
 - no two folders of a package import each other (counted at the package's first level of folders:
   ``x_runtime.process`` and everything below it is one folder here);
-- in a package with layers (``LAYERS``: x_runtime, x_bigmodel), every module lives in a layer's
-  folder and imports only from its own layer or the ones below it; the package's ``__init__`` sits
-  above every layer and ``_version`` below.
+- the runtime reads its settings once: only ``ENVIRONMENT_READERS`` read ``os.environ`` (writing
+  variables for libraries and child processes is not reading) or call a contract variable's
+  ``read()``/``is_set()`` without a snapshot to read from;
+- in a package with layers (``LAYERS``: x_runtime, x_bigmodel, x_launch, x_estimate), every module lives in a layer's
+  folder and imports only from its own layer or the ones below it; the package's ``__init__`` and
+  ``__main__`` sit above every layer and ``_version`` below.
 
 The checker itself is tested on a small tree holding one of each fault, so a rule that silently
 stopped finding anything would fail here too.
@@ -31,7 +35,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = sorted(p for p in (ROOT / "packages").iterdir() if (p / "src").is_dir())
-MAX_LINES = 400
+# A guard against god objects, not a cap to cut modules by: one concept per module decides the size.
+MAX_LINES = 900
 # Bottom to top: a layer imports from itself and the layers before it, never after.
 LAYERS: dict[str, tuple[str, ...]] = {
     "x_runtime": (
@@ -51,7 +56,34 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "integrations",  # callbacks for loops other libraries drive (transformers' Trainer)
     ),
     "x_bigmodel": ("devices", "planning", "files", "offload", "loading", "dispatch", "transformers"),
+    "x_launch": (
+        "migrate",  # x-launch migrate: Accelerate's imports and flags rewritten
+        "config",  # launch settings: the config file, its schema, flags and the contract they become
+        "stall",  # the stall watchdog and its report
+        "engines",  # one class per way of starting ranks: python, torchrun, srun, xla
+        "run",  # the job as it runs: the engine's child, rank output, failures, preemption
+        "commands",  # config questionnaire, env, test, merge
+        "cli",  # click commands and Accelerate's command names
+    ),
+    "x_estimate": (
+        "model",  # what is estimated: the source, its skeleton on meta, its sizes and summary
+        "cuda",  # the GPU's kernels and caching allocator, simulated
+        "training",  # memory formulas of a training step, the peak
+        "simulate",  # one step run on fake tensors under a ledger: rows, cache, error
+        "report",  # the tables and texts printed
+        "plan",  # --plan: the search over settings, its report and the config it writes
+        "cli",  # the x-estimate command
+    ),
 }
+
+# The modules of x_runtime that may read the environment, and why.
+ENVIRONMENT_READERS = {
+    "x_runtime.core.settings": "the snapshot: the one read of the launcher's settings",
+    "x_runtime.core.environment": "Accelerate's patch_environment/clear_environment, which save and restore variables",
+    "x_runtime.core.testing": "Accelerate's test helpers, which hand the environment to the processes they start",
+}
+# Calls on os.environ that only write (for libraries and child processes) or restore what was there.
+_ENVIRON_WRITES = {"update", "pop", "clear", "setdefault", "__setitem__", "__delitem__"}
 
 
 @dataclass(frozen=True)
@@ -221,6 +253,50 @@ def private_reaches(tree: Tree) -> list[str]:
     return found
 
 
+def environment_reads(tree: Tree, package: str = "x_runtime") -> list[str]:
+    """Each read of the environment outside ``ENVIRONMENT_READERS``, as 'module (line n): what'."""
+    found = []
+    for name, path in sorted(tree.files.items()):
+        if name.split(".")[0] != package or name in ENVIRONMENT_READERS:
+            continue
+        module = ast.parse(path.read_text(), filename=str(path))
+        parents = {child: node for node in ast.walk(module) for child in ast.iter_child_nodes(node)}
+        reads = sorted((node.lineno, what) for node in ast.walk(module) if (what := _environment_read(node, parents)))
+        found.extend(f"{name} (line {line}): {what}" for line, what in reads)
+    return found
+
+
+def _is_os_environ(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr in ("environ", "environb", "getenv")
+        and (isinstance(node.value, ast.Name) and node.value.id == "os")
+    )
+
+
+def _environment_read(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str | None:
+    if _is_os_environ(node):
+        parent = parents.get(node)
+        if isinstance(parent, ast.Subscript) and isinstance(parent.ctx, (ast.Store, ast.Del)):
+            return None
+        if isinstance(parent, ast.Attribute) and parent.attr in _ENVIRON_WRITES:
+            return None
+        return f"reads os.{node.attr}"  # type: ignore[attr-defined]
+    # env.NAME.read() / env.NAME.is_set() with no mapping: EnvVar falls back to os.environ.
+    if (
+        isinstance(node, ast.Call)
+        and not node.args
+        and not node.keywords
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("read", "is_set")
+        and isinstance(node.func.value, ast.Attribute)
+        and isinstance(node.func.value.value, ast.Name)
+        and node.func.value.value.id == "env"
+    ):
+        return f"reads env.{node.func.value.attr} from os.environ"
+    return None
+
+
 def top_folder(module: str) -> str | None:
     """The package's first-level folder holding ``module`` (``x_runtime.process.state`` -> ``process``).
 
@@ -233,8 +309,8 @@ def top_folder(module: str) -> str | None:
 def _level(module: str, layers: tuple[str, ...], tree: Tree) -> int | None:
     """Where ``module`` sits: its layer's index; the package above all, ``_version`` below all."""
     _, _, rest = module.partition(".")
-    if not rest:
-        return len(layers)  # the package's __init__: the public names, taken from every layer
+    if rest in ("", "__main__"):
+        return len(layers)  # the package's __init__ (the public names) and `python -m`: above every layer
     if rest == "_version":
         return -1
     folder = top_folder(module) or (rest if module in tree.packages else None)
@@ -329,7 +405,17 @@ def test_layers_import_only_downwards(everything: Tree, package: str) -> None:
 def test_source_files_stay_small(everything: Tree, package: str) -> None:
     top = package.replace("-", "_")
     found = [line for line in long_files(everything) if f"/{top}/" in line]
-    assert not found, f"split into modules named for what they hold (under {MAX_LINES} lines):\n" + "\n".join(found)
+    assert not found, f"one concept per module: split what holds several (under {MAX_LINES} lines):\n" + "\n".join(
+        found
+    )
+
+
+def test_the_runtime_reads_its_settings_once(everything: Tree) -> None:
+    found = environment_reads(everything)
+    assert not found, (
+        "take launch settings from the snapshot handed down (x_runtime.core.settings), not the environment:\n"
+        + "\n".join(found)
+    )
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:
@@ -361,6 +447,11 @@ def test_checker_finds_each_fault(tmp_path: Path) -> None:
             # d -> c only under TYPE_CHECKING from c's side: not a cycle.
             "pkg/d.py": "from pkg import c\n",
             "pkg/sub/e.py": "from pkg.sub._hidden import _secret\n" + "x = 1\n" * MAX_LINES,
+            # Reads of the environment; writes for child processes are not reads.
+            "pkg/f.py": (
+                "import os\nrank = os.environ.get('RANK')\nos.environ['X'] = '1'\nenv.RANK.read()\n"
+                "os.getenv('HOME')\nos.environ.update(A='1')\nenv.RANK.read({})\ndel os.environ['X']\n"
+            ),
         },
     )
     tree = scan([src])
@@ -369,6 +460,11 @@ def test_checker_finds_each_fault(tmp_path: Path) -> None:
         "pkg.c (line 2) imports private module pkg.sub._hidden",
         "pkg.c (line 2) imports private name pkg.sub._hidden._secret",
         "pkg.c (line 4) uses private pkg.sub.public._inner",
+    ]
+    assert environment_reads(tree, "pkg") == [
+        "pkg.f (line 2): reads os.environ",
+        "pkg.f (line 4): reads env.RANK from os.environ",
+        "pkg.f (line 5): reads os.getenv",
     ]
     # Within one folder private parts are shared freely; only the length rule catches e.py.
     assert long_files(tree, tmp_path) == [f"pkg/sub/e.py: {MAX_LINES + 1} lines"]

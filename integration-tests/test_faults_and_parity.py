@@ -6,7 +6,7 @@
   (``workers/train_checkpoints.py``); so does a run whose rank dies once mid-epoch and that
   ``x-launch --max_restarts 1`` restarts, resuming from the latest complete checkpoint.
 - A rank killed inside an Accelerator training loop (its peer blocked in a gradient all-reduce,
-  unlike the sleeping workers of ``packages/x-launch/tests/test_faults.py``), and SIGTERM to
+  unlike the sleeping workers of ``packages/x-launch/tests/run/test_faults.py``), and SIGTERM to
   x-launch during such a loop, stop the whole job (``workers/train_forever.py``).
 
 Process trees are read from /proc (Linux), so "nothing left" is checked, not assumed.

@@ -1,11 +1,11 @@
 """``x-launch migrate`` writes only imports that work: every public Accelerate name, migrated and run.
 
 x-launch installs alone, so it carries the lists of what each x package exports
-(``x_launch.x_names``); here, with every package installed, the lists must equal the packages' own
+(``x_launch.migrate.x_names``); here, with every package installed, the lists must equal the packages' own
 ``__all__``, and each public name of Accelerate's user-facing modules (Accelerate 1.15, installed
 beside the tests) is migrated as ``from <module> import <name>`` and the result executed: it
 imports from x when x has the name, and stays on Accelerate, with a note, when x has not. The names
-that stay are the table of docs/migration.md ("Names that stay on Accelerate"), row for row.
+that stay are the table of docs/compatibility.md ("Names that stay on Accelerate"), row for row.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 import x_bigmodel
 import x_launch
 import x_runtime
-from x_launch import x_names
-from x_launch.migrate import migrate_with_notes
+from x_launch.migrate import x_names
+from x_launch.migrate.rewrite import migrate_with_notes
 
 # The modules users import Accelerate's names from.
 ACCELERATE_MODULES = (
@@ -66,7 +66,7 @@ def _public_names(module_name: str) -> list[str]:
 
 
 PAIRS = [(module, name) for module in ACCELERATE_MODULES for name in _public_names(module)]
-MIGRATION_PAGE = Path(__file__).resolve().parents[1] / "docs" / "migration.md"
+MIGRATION_PAGE = Path(__file__).resolve().parents[1] / "docs" / "compatibility.md"
 TABLE = re.compile(r"<!-- names-left-on-accelerate -->\n(.*?)<!-- /names-left-on-accelerate -->", re.DOTALL)
 
 
@@ -87,7 +87,7 @@ def test_the_lists_migrate_carries_are_the_packages_own_exports(table: str, pack
     exported = set(package.__all__) - {"__version__"}
     carried = getattr(x_names, table)
     assert carried == exported, (
-        f"x_launch.x_names.{table} and {package.__name__}.__all__ differ: "
+        f"x_launch.migrate.x_names.{table} and {package.__name__}.__all__ differ: "
         f"add {sorted(exported - carried)}, remove {sorted(carried - exported)}"
     )
 

@@ -18,7 +18,7 @@ import yaml
 from x_common.sizes import format_size
 
 WORKERS = Path(__file__).parent / "workers"
-MARGIN = 1 << 30  # x_estimate.plan.MARGIN: kept free on each GPU
+MARGIN = 1 << 30  # x_estimate.plan.search.MARGIN: kept free on each GPU
 
 
 def _tool(name: str) -> str:

@@ -2,7 +2,7 @@
 
 A page line such as
 
-    <!-- cli-reference x_launch.cli:_cli prog=x-launch level=4 skip=launch -->
+    <!-- cli-reference x_launch.cli.command_line:_cli prog=x-launch level=4 skip=launch -->
 
 is replaced by the ``--help`` text of that click command, exactly as the terminal prints it,
 followed by every subcommand (recursively, hidden ones left out) under a heading of its full

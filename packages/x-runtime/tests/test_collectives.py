@@ -397,7 +397,7 @@ def test_prepare_shares_the_shuffle_seed_in_one_tensor_broadcast(inline_worker, 
         made = list(calls)
         between = torch.tensor([float(rank + 1)])
         dist.all_reduce(between)  # issued while the seed may still be on its way
-        from x_runtime.process.shared_int import share_int
+        from x_runtime.process.collectives.shared_int import share_int
         import copy, pickle
         pending = share_int(7 + rank)
         copied = [pickle.loads(pickle.dumps(pending)), copy.deepcopy(pending), int(pending)]

@@ -20,15 +20,17 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, SequentialSampler
 
-from x_runtime.data import data_loader, loaders, samplers
-from x_runtime.data.data_loader import (
+from x_runtime.data import samplers
+from x_runtime.data.gradient_state import GradientState
+from x_runtime.data.loader import loaders
+from x_runtime.data.loader import prepare as data_loader
+from x_runtime.data.loader.prepare import (
     DataLoaderDispatcher,
     DataLoaderShard,
     SeedableRandomSampler,
     prepare_data_loader,
     skip_first_batches,
 )
-from x_runtime.data.gradient_state import GradientState
 
 TESTS = Path(__file__).parent
 

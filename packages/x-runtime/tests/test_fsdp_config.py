@@ -8,7 +8,8 @@ from torch import nn
 
 from x_common import env
 from x_runtime import Accelerator, FullyShardedDataParallelPlugin
-from x_runtime.process.environments import _default_backend
+from x_runtime.core.settings import Settings
+from x_runtime.process.topology.environments import _default_backend
 from x_runtime.strategies.fsdp import wrap_units
 from x_runtime.strategies.fsdp_plugin import needs_cpu_collectives
 
@@ -202,4 +203,4 @@ def test_fsdp_makes_cpu_collectives_with_offload_or_full_state_dicts(monkeypatch
     for name, value in variables.items():
         monkeypatch.setenv(getattr(env, name).name, value)
     given = None if plugin is None else FullyShardedDataParallelPlugin(**plugin)
-    assert needs_cpu_collectives(given) is needed
+    assert needs_cpu_collectives(given, Settings.read()) is needed

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, SequentialSampler
 
 from x_runtime import Accelerator, DataLoaderConfiguration
-from x_runtime.data.data_loader import prepare_data_loader
+from x_runtime.data.loader.prepare import prepare_data_loader
 from x_runtime.data.samplers import SeedableRandomSampler
 
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from x_common import env
-from x_runtime.process.logging import MultiProcessAdapter, get_logger
+from x_runtime.process.operations.logging import MultiProcessAdapter, get_logger
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def test_two_real_ranks(inline_worker, workers, tmp_path) -> None:
         import logging, sys
         import torch.distributed as dist
         from _helpers import report
-        from x_runtime.process.logging import get_logger
+        from x_runtime.process.operations.logging import get_logger
 
         dist.init_process_group("gloo")
         logger = get_logger("xr.workers", log_level="INFO")

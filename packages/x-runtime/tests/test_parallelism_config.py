@@ -19,7 +19,7 @@ from x_runtime import (
 )
 from x_runtime.accelerator.parallelism import check_parallelism
 from x_runtime.core import parallel_handlers
-from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.topology.distributed_type import DistributedType
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 
 from x_common import env
-from x_runtime.process.preemption import PreemptionWatch, signal_numbers
+from x_runtime.process.operations.preemption import PreemptionWatch, signal_numbers
 
 
 def test_one_process_sees_the_marker_at_once_and_keeps_seeing_it(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ def test_save_safetensors_stores_shared_tensors_once_and_says_so(
 ) -> None:
     state = _Tied().state_dict()
     path = tmp_path / "model.safetensors"
-    with caplog.at_level(logging.WARNING, logger="x_runtime.process.saving"):
+    with caplog.at_level(logging.WARNING, logger="x_runtime.process.operations.saving"):
         save(state, path, safe_serialization=True)
     assert len(caplog.records) == 1 and "Removed shared tensor" in caplog.records[0].getMessage()
     assert sorted(load_file(str(path))) == ["a.bias", "a.weight"]  # a plain reader sees the kept names
@@ -151,7 +151,7 @@ def test_save_safetensors_stores_shared_tensors_once_and_says_so(
 def test_save_pickles_on_the_main_process_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     save(OrderedDict(step=3), tmp_path / "state.bin")
     assert torch.load(tmp_path / "state.bin") == {"step": 3}
-    monkeypatch.setattr("x_runtime.process.saving.rank", lambda: 1)
+    monkeypatch.setattr("x_runtime.process.operations.saving.rank", lambda: 1)
     save({"step": 4}, tmp_path / "other.bin")
     assert not (tmp_path / "other.bin").exists()
     monkeypatch.setenv("LOCAL_RANK", "0")

@@ -16,7 +16,7 @@ import warnings
 import pytest
 from torch.utils.data import DataLoader
 
-from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
+from x_runtime.data.loader.prepare import prepare_data_loader, skip_first_batches
 
 SEED = 7
 

@@ -10,8 +10,9 @@ import torch
 
 from x_common import env
 from x_runtime import Accelerator
+from x_runtime.core.settings import Settings
 from x_runtime.precision.policy import Precision
-from x_runtime.process.state import ProcessState
+from x_runtime.process.topology.state import ProcessState
 from x_runtime.strategies.param_moves import ParameterMoves
 from x_runtime.strategies.select import decide
 
@@ -70,7 +71,7 @@ def test_half_precision_other_than_bf16_is_refused_on_xla(mode: str) -> None:
 @pytest.mark.parametrize("asked", ["FSDP", "DEEPSPEED"])
 def test_sharding_plugins_are_refused_on_xla(asked: str) -> None:
     state = ProcessState(0, 0, 1, 1, 0, torch.device("xla"), "xla", "XLA", "xla")
-    choice = decide(environ={env.DISTRIBUTED_TYPE.name: asked})
+    choice = decide(settings=Settings.of({env.DISTRIBUTED_TYPE.name: asked}))
     with pytest.raises(ValueError) as caught:
         choice.build(state, mixed_precision="no")
     assert str(caught.value).startswith(f"{asked} on XLA devices: x_runtime trains XLA replicas")
@@ -94,8 +95,8 @@ def test_optimizers_built_before_a_parameter_swap_follow_the_new_parameters() ->
 
 
 def test_dispatching_batches_is_refused_across_xla_replicas() -> None:
-    from x_runtime.data.data_loader import LoaderSpec
     from x_runtime.data.gradient_state import GradientState
+    from x_runtime.data.loader.prepare import LoaderSpec
     from x_runtime.data.sharding import Sharding
     from x_runtime.strategies.xla import XLAStrategy
 

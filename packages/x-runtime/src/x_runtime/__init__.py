@@ -26,6 +26,7 @@ nothing shared between two), ``launchers/`` (``notebook_launcher``, ``debug_laun
 
 from typing import Any
 
+from x_runtime import utils
 from x_runtime._version import __version__
 from x_runtime.accelerator import Accelerator
 from x_runtime.accelerator.state_views import AcceleratorState, GradientState, PartialState
@@ -59,10 +60,10 @@ from x_runtime.core.parallel_handlers import (
 )
 from x_runtime.core.parallelism import ParallelismConfig
 from x_runtime.core.random_state import set_seed, synchronize_rng_states
-from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
 from x_runtime.data.iterable_shard import IterableDatasetShard
+from x_runtime.data.loader.loaders import DataLoaderDispatcher, DataLoaderShard
+from x_runtime.data.loader.prepare import prepare_data_loader, skip_first_batches
 from x_runtime.data.loader_state import DataLoaderStateMixin
-from x_runtime.data.loaders import DataLoaderDispatcher, DataLoaderShard
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler
 from x_runtime.data.skip_loader import SkipDataLoader
 from x_runtime.launchers.debug import debug_launcher
@@ -79,10 +80,10 @@ from x_runtime.process.collectives import (
     pad_across_processes,
     reduce,
 )
-from x_runtime.process.debug import debug_mode, set_debug_mode, verify_operation
-from x_runtime.process.distributed_type import DistributedType
-from x_runtime.process.errors import DistributedOperationException
-from x_runtime.process.logging import MultiProcessAdapter, get_logger
+from x_runtime.process.collectives.debug import debug_mode, set_debug_mode, verify_operation
+from x_runtime.process.collectives.errors import DistributedOperationException
+from x_runtime.process.operations.logging import MultiProcessAdapter, get_logger
+from x_runtime.process.topology.distributed_type import DistributedType
 from x_runtime.provide import provide_accelerate
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
 from x_runtime.strategies.deepspeed_standins import (
@@ -101,7 +102,6 @@ from x_runtime.strategies.fsdp_merge import (
 )
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
 from x_runtime.utils import *  # noqa: F403 - the is_*_available checks, named once in core.imports
-from x_runtime.utils import __all__ as _utils_names
 
 __all__ = [
     "AORecipeKwargs",
@@ -179,7 +179,7 @@ __all__ = [
     "synchronize_rng_states",
     "verify_operation",
 ]
-__all__ += _utils_names
+__all__ += utils.__all__
 
 # Accelerate's tracking names, loaded on first use as x_runtime.tracking loads them: importing
 # x_runtime imports neither the tracker registry nor a backend's module.

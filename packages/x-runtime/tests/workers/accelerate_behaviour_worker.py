@@ -21,8 +21,8 @@ from x_runtime.checkpoint import synchronize_rng_states
 from x_runtime.data import prepare_data_loader
 from x_runtime.process import collectives as c
 from x_runtime.process import set_debug_mode
-from x_runtime.process.helpers import split_between_processes
-from x_runtime.process.state import ProcessState
+from x_runtime.process.operations.on_ranks import split_between_processes
+from x_runtime.process.topology.state import ProcessState
 
 
 def run(results: dict[str, Any], name: str, scenario: Callable[[], Any]) -> None:

@@ -14,8 +14,8 @@ import torch.distributed as dist
 from _helpers import report
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from x_runtime.data.data_loader import prepare_data_loader, skip_first_batches
 from x_runtime.data.gradient_state import GradientState
+from x_runtime.data.loader.prepare import prepare_data_loader, skip_first_batches
 
 
 class Indexed(Dataset):

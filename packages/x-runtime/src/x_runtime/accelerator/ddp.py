@@ -19,7 +19,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from x_runtime.accelerator.fields import AcceleratorFields
-from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.topology.distributed_type import DistributedType
 
 __all__ = ["DDPMethods"]
 

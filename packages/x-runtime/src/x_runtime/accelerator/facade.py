@@ -36,14 +36,16 @@ from x_runtime.core.configs import (
     KwargsHandler,
     ProjectConfiguration,
 )
+from x_runtime.core.one_line_errors import install_one_line_hook, set_rank
 from x_runtime.core.parallelism import ParallelismConfig
 from x_runtime.core.random_state import set_seed
+from x_runtime.core.settings import Settings, building
 from x_runtime.data.gradient_state import check_steps
 from x_runtime.precision.dynamo import TorchDynamoPlugin
 from x_runtime.precision.fp8 import fp8_recipe_for
 from x_runtime.precision.policy import Precision
-from x_runtime.process.distributed_type import DistributedType
-from x_runtime.process.progress import open_progress
+from x_runtime.process.operations.progress import open_progress
+from x_runtime.process.topology.distributed_type import DistributedType
 from x_runtime.strategies.select import decide
 
 __all__ = ["Accelerator"]
@@ -121,91 +123,99 @@ class Accelerator(
         dynamo_plugin: TorchDynamoPlugin | None = None,
         parallelism_config: ParallelismConfig | None = None,
     ):
-        for rng in rng_types or []:
-            if str(rng) not in _RNG_TYPES:
-                raise ValueError(f"rng_types: {rng!r} is not one of {', '.join(_RNG_TYPES)}")
-        self.handlers = Handlers.from_list(kwargs_handlers)
-        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
-        if split_batches is not _UNSET:
-            self.dataloader_config.split_batches = bool(split_batches)
-        self.project_configuration = project_config or ProjectConfiguration()
-        if project_dir is not None:
-            self.project_configuration.set_directories(project_dir)
+        # The launcher's settings, read once: everything built below takes them from this snapshot
+        # (plugins built here too, through current_settings()).
+        with building(Settings.read()) as settings:
+            for rng in rng_types or []:
+                if str(rng) not in _RNG_TYPES:
+                    raise ValueError(f"rng_types: {rng!r} is not one of {', '.join(_RNG_TYPES)}")
+            self.handlers = Handlers.from_list(kwargs_handlers)
+            self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+            if split_batches is not _UNSET:
+                self.dataloader_config.split_batches = bool(split_batches)
+            self.project_configuration = project_config or ProjectConfiguration()
+            if project_dir is not None:
+                self.project_configuration.set_directories(project_dir)
 
-        init = self.handlers.init
-        choice = decide(
-            fsdp_plugin=fsdp_plugin,
-            deepspeed_plugin=deepspeed_plugin,
-            backend=init.backend,
-            init_method=init.init_method,
-            timeout=init.timeout,
-        )
-        process = choice.join(cpu=cpu)
-        self.process_state = process
-        open_progress(process.rank)  # under x-launch: the stall watchdog's record and stack dump
-        self.parallelism_config = check_parallelism(
-            parallelism_config, num_processes=process.world_size, distributed_type=choice.kind
-        )
-        mode = env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision)
-        self.fp8_recipe = fp8_recipe_for(mode, process.device, self.handlers.fp8)
-        self.precision = Precision(
-            mode,
-            process.device,
-            autocast_kwargs=self.handlers.autocast.to_kwargs(),
-            scaler_kwargs=self.handlers.scaler.to_kwargs(),
-            native=choice.kind != DistributedType.DEEPSPEED,
-        )
-        plugin = gradient_accumulation_plugin
-        if plugin is not None and gradient_accumulation_steps != 1:
-            raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
-        if plugin is None:
-            steps = gradient_accumulation_steps
-            if steps == 1:
-                steps = env.GRADIENT_ACCUMULATION_STEPS.read()
-            plugin = GradientAccumulationPlugin(num_steps=steps)
-        self.gradient_state = GradientState(plugin)
-        self.sync_each_batch = plugin.sync_each_batch
-        self.strategy = choice.build(
-            process,
-            mixed_precision=self.precision.mode,
-            ddp_kwargs=self.handlers.ddp.to_kwargs(),
-            gradient_state=self.gradient_state,
-            comm_hook=self.handlers.ddp.comm_hook_spec(),
-        )
-        self.device_placement = device_placement
-        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        if dynamo_plugin is not None and dynamo_backend is not None:
-            raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
-        self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
-        # Accelerate's AcceleratorState, as a view over this accelerator's own process state. Its plugin is the
-        # one in effect, also when the launcher chose the strategy (transformers' Trainer reads it to pick
-        # its checkpoint paths); and, as Accelerate does, the process says so in Accelerate's variables,
-        # which libraries read before they load a model (TRL's reference model, FSDP's rank-0 loading).
-        in_effect = getattr(self.strategy, "plugin", None)
-        sharded = choice.kind in (DistributedType.FSDP, DistributedType.DEEPSPEED)
-        if sharded:
-            os.environ.update(env.DISTRIBUTED_TYPE.accelerate_spelling(str(choice.kind)))
-        self.state = AcceleratorState.view_of(
-            process,
-            _mixed_precision=self.precision.mode,
-            dynamo_plugin=self.dynamo_plugin,
-            deepspeed_plugin=in_effect if choice.kind == DistributedType.DEEPSPEED else None,
-            fsdp_plugin=in_effect if choice.kind == DistributedType.FSDP else None,
-        )
-        remember_accelerator_state(self.state)
-        self.log_with = log_with
-        if log_with is not None:  # an unknown name, a missing package or directory fails here, not at init_trackers
-            from x_runtime.tracking.registry import filter_trackers
+            init = self.handlers.init
+            choice = decide(
+                fsdp_plugin=fsdp_plugin,
+                deepspeed_plugin=deepspeed_plugin,
+                backend=init.backend,
+                init_method=init.init_method,
+                timeout=init.timeout,
+                settings=settings,
+            )
+            # A missing checkpoint folder ends the script in one line (once per job), not a traceback per
+            # rank; installed before the group is joined, whose hook wraps it.
+            install_one_line_hook(traceback=settings.get(env.DEBUG_MODE))
+            process = choice.join(cpu=cpu)
+            self.process_state = process
+            open_progress(process.rank, settings.environ)  # under x-launch: the stall watchdog's record and stack dump
+            set_rank(process.rank)
+            self.parallelism_config = check_parallelism(
+                parallelism_config, num_processes=process.world_size, distributed_type=choice.kind
+            )
+            mode = settings.get(env.MIXED_PRECISION) if mixed_precision is None else str(mixed_precision)
+            self.fp8_recipe = fp8_recipe_for(mode, process.device, self.handlers.fp8)
+            self.precision = Precision(
+                mode,
+                process.device,
+                autocast_kwargs=self.handlers.autocast.to_kwargs(),
+                scaler_kwargs=self.handlers.scaler.to_kwargs(),
+                native=choice.kind != DistributedType.DEEPSPEED,
+            )
+            plugin = gradient_accumulation_plugin
+            if plugin is not None and gradient_accumulation_steps != 1:
+                raise ValueError("pass gradient_accumulation_steps or gradient_accumulation_plugin, not both")
+            if plugin is None:
+                steps = gradient_accumulation_steps
+                if steps == 1:
+                    steps = settings.get(env.GRADIENT_ACCUMULATION_STEPS)
+                plugin = GradientAccumulationPlugin(num_steps=steps)
+            self.gradient_state = GradientState(plugin)
+            self.sync_each_batch = plugin.sync_each_batch
+            self.strategy = choice.build(
+                process,
+                mixed_precision=self.precision.mode,
+                ddp_kwargs=self.handlers.ddp.to_kwargs(),
+                gradient_state=self.gradient_state,
+                comm_hook=self.handlers.ddp.comm_hook_spec(),
+            )
+            self.device_placement = device_placement
+            self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+            if dynamo_plugin is not None and dynamo_backend is not None:
+                raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
+            self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
+            # Accelerate's AcceleratorState, as a view over this accelerator's own process state. Its plugin is the
+            # one in effect, also when the launcher chose the strategy (transformers' Trainer reads it to pick
+            # its checkpoint paths); and, as Accelerate does, the process says so in Accelerate's variables,
+            # which libraries read before they load a model (TRL's reference model, FSDP's rank-0 loading).
+            in_effect = getattr(self.strategy, "plugin", None)
+            sharded = choice.kind in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+            if sharded:
+                os.environ.update(env.DISTRIBUTED_TYPE.accelerate_spelling(str(choice.kind)))
+            self.state = AcceleratorState.view_of(
+                process,
+                _mixed_precision=self.precision.mode,
+                dynamo_plugin=self.dynamo_plugin,
+                deepspeed_plugin=in_effect if choice.kind == DistributedType.DEEPSPEED else None,
+                fsdp_plugin=in_effect if choice.kind == DistributedType.FSDP else None,
+            )
+            remember_accelerator_state(self.state)
+            self.log_with = log_with
+            if log_with is not None:  # an unknown name, a missing package or directory fails here, not at init_trackers
+                from x_runtime.tracking.registry import filter_trackers
 
-            filter_trackers(log_with, self.project_configuration.logging_dir)
-        self.trackers = []
-        self.step = 0
-        self._prepared = PreparedObjects()
-        self._save_state_hooks = OrderedDict()  # RemovableHandle needs a weakly referenceable dict
-        self._load_state_hooks = OrderedDict()
-        self._trigger = False
-        # At exit only (not when this object is collected: another accelerator may use the group).
-        release_at_exit.add(self._prepared, process)
+                filter_trackers(log_with, self.project_configuration.logging_dir)
+            self.trackers = []
+            self.step = 0
+            self._prepared = PreparedObjects()
+            self._save_state_hooks = OrderedDict()  # RemovableHandle needs a weakly referenceable dict
+            self._load_state_hooks = OrderedDict()
+            self._trigger = False
+            # At exit only (not when this object is collected: another accelerator may use the group).
+            release_at_exit.add(self._prepared, process)
 
     # --- where this process is (Accelerate's names over state and configs) --------------------
     device = Forward("state", "device")

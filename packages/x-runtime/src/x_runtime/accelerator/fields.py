@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from x_runtime.data.gradient_state import GradientState
     from x_runtime.precision.dynamo import TorchDynamoPlugin
     from x_runtime.precision.policy import Precision
-    from x_runtime.process.state import ProcessState
+    from x_runtime.process.topology.state import ProcessState
     from x_runtime.strategies.base import Strategy
     from x_runtime.tracking.base import GeneralTracker
 

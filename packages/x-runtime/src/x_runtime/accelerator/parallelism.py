@@ -10,7 +10,7 @@ an all-ones configuration), so ``accelerator.parallelism_config`` describes the 
 from __future__ import annotations
 
 from x_runtime.core.parallelism import ParallelismConfig
-from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.topology.distributed_type import DistributedType
 
 __all__ = ["check_parallelism"]
 

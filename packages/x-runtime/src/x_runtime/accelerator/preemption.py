@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from x_runtime.accelerator.fields import AcceleratorFields
-from x_runtime.process.preemption import PreemptionWatch
+from x_runtime.process.operations.preemption import PreemptionWatch
 
 __all__ = ["PreemptionMethods"]
 

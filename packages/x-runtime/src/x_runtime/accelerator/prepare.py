@@ -16,12 +16,12 @@ from x_runtime.accelerator.fields import AcceleratorFields
 from x_runtime.accelerator.prepared import is_scheduler, kind_order
 from x_runtime.accelerator.quantized import check_quantized_placement
 from x_runtime.core.unwrap import unwrap_model
-from x_runtime.data.data_loader import LoaderSpec, skip_first_batches
+from x_runtime.data.loader.prepare import LoaderSpec, skip_first_batches
 from x_runtime.data.sharding import Sharding
 from x_runtime.optim.optimizer import AcceleratedOptimizer
 from x_runtime.optim.scheduler import AcceleratedScheduler
 from x_runtime.precision.dynamo import compile_model
-from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.topology.distributed_type import DistributedType
 from x_runtime.strategies.base import Replacements
 
 __all__ = ["PrepareMethods"]

@@ -13,7 +13,7 @@ import torch
 
 from x_runtime.optim.optimizer import AcceleratedOptimizer
 from x_runtime.optim.scheduler import AcceleratedScheduler
-from x_runtime.process.state import ProcessState
+from x_runtime.process.topology.state import ProcessState
 
 __all__ = ["ExitRelease", "PreparedObjects", "is_scheduler", "kind_order", "release_at_exit"]
 

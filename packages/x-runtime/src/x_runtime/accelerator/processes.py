@@ -14,8 +14,9 @@ import torch
 
 from x_runtime.accelerator.fields import AcceleratorFields
 from x_runtime.core import nested
-from x_runtime.process import collectives, progress
-from x_runtime.process.helpers import first_on, on_process, split_between_processes
+from x_runtime.process import collectives
+from x_runtime.process.operations import progress
+from x_runtime.process.operations.on_ranks import first_on, on_process, split_between_processes
 
 __all__ = ["ProcessMethods"]
 

@@ -26,11 +26,12 @@ from typing import Any, TypeVar
 import torch.distributed as dist
 
 from x_common import env
-from x_runtime.data.gradient_state import GradientState as _LoopGradientState
-from x_runtime.process.debug import debug_mode, set_debug_mode
-from x_runtime.process.distributed_type import DistributedType
-from x_runtime.process.helpers import first_on, on_process, split_between_processes
-from x_runtime.process.state import ProcessState
+from x_runtime.core.settings import current_settings
+from x_runtime.data.gradient_state import GradientState as LoopGradientState
+from x_runtime.process.collectives.debug import debug_mode, set_debug_mode
+from x_runtime.process.operations.on_ranks import first_on, on_process, split_between_processes
+from x_runtime.process.topology.distributed_type import DistributedType
+from x_runtime.process.topology.state import ProcessState
 from x_runtime.strategies.select import decide
 
 __all__ = ["AcceleratorState", "GradientState", "PartialState", "remember_accelerator_state"]
@@ -279,7 +280,7 @@ class AcceleratorState(PartialState):
             timeout=kwargs.get("timeout"),
         )
         object.__setattr__(self, "_process", choice.join(cpu=cpu))
-        mode = env.MIXED_PRECISION.read() if mixed_precision is None else str(mixed_precision)
+        mode = current_settings().get(env.MIXED_PRECISION) if mixed_precision is None else str(mixed_precision)
         self.__dict__.update(
             _mixed_precision=mode,
             dynamo_plugin=dynamo_plugin,
@@ -314,7 +315,7 @@ def remember_accelerator_state(state: AcceleratorState) -> None:
     _latest[:] = [weakref.ref(state)]
 
 
-class GradientState(_LoopGradientState):
+class GradientState(LoopGradientState):
     """The loop's ``GradientState``, also built as Accelerate builds it (from a plugin).
 
     Args:

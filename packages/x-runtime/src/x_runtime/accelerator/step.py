@@ -16,7 +16,7 @@ import torch
 from x_runtime.accelerator.fields import AcceleratorFields
 from x_runtime.core.unwrap import unwrap_model
 from x_runtime.optim.optimizer import AcceleratedOptimizer
-from x_runtime.process import progress
+from x_runtime.process.operations import progress
 
 __all__ = ["StepMethods"]
 

@@ -28,11 +28,12 @@ from x_runtime.checkpoint.parts import MANIFEST, CheckpointParts, numbered
 from x_runtime.core.random_state import restore_rng_state
 from x_runtime.io.accelerate_pickles import load_accelerate_pickle, x_random_states
 from x_runtime.io.files import torch_load
-from x_runtime.process.distributed_type import SHARDED
+from x_runtime.process.topology.distributed_type import SHARDED
 from x_runtime.strategies.defaults import check_shapes, load_full_weights
 
 if TYPE_CHECKING:
-    from x_runtime.process.state import ProcessState
+    from x_runtime.process.topology.state import ProcessState
+    from x_runtime.strategies.base import Strategy
 
 __all__ = ["foreign_files", "load_accelerate_checkpoint", "written_by_accelerate"]
 
@@ -164,7 +165,7 @@ def _check_counts(folder: Path, parts: CheckpointParts) -> None:
         )
 
 
-def _load_model(folder: Path, index: int, model: torch.nn.Module, strategy: Any, strict: bool) -> None:
+def _load_model(folder: Path, index: int, model: torch.nn.Module, strategy: Strategy, strict: bool) -> None:
     safe = folder / numbered("model", index, ".safetensors")
     pickled = folder / numbered("pytorch_model", index, ".bin")
     path = safe if safe.is_file() else pickled
@@ -174,7 +175,6 @@ def _load_model(folder: Path, index: int, model: torch.nn.Module, strategy: Any,
             f"{pickled.name} is there"
         )
     expected = model.state_dict()
-    # Every strategy derives from StrategyDefaults, which gives load_device (the Protocol does not).
     weights = _named_as(load_full_weights(path, device=strategy.load_device(model)), expected)
     check_shapes(path, weights, expected)
     model.load_state_dict(weights, strict=strict)

@@ -31,7 +31,7 @@ from x_runtime.checkpoint.staging import Staging, agree, open_staging
 from x_runtime.process.collectives import gather_object
 
 if TYPE_CHECKING:
-    from x_runtime.process.state import ProcessState
+    from x_runtime.process.topology.state import ProcessState
 
 __all__ = ["PendingSave", "start_save", "wait_save"]
 

@@ -37,13 +37,14 @@ from typing import TYPE_CHECKING, Any
 from x_runtime.checkpoint.accelerate_layout import load_accelerate_checkpoint, written_by_accelerate
 from x_runtime.checkpoint.parts import MANIFEST, CheckpointParts, numbered
 from x_runtime.checkpoint.staging import TOKEN, agree, open_staging
+from x_runtime.core.one_line_errors import CheckpointNotFoundError
 from x_runtime.core.random_state import capture_rng_state, restore_rng_state
 from x_runtime.io.accelerate_pickles import accelerate_random_states
 from x_runtime.io.atomic import replace_dir, write_file_atomic
 from x_runtime.io.files import torch_load, torch_save
 
 if TYPE_CHECKING:
-    from x_runtime.process.state import ProcessState
+    from x_runtime.process.topology.state import ProcessState
 
 __all__ = [
     "MANIFEST",
@@ -149,8 +150,22 @@ def resolve_checkpoint(source: Path) -> Path:
         logger.warning("%s is missing; loading %s, kept aside by an interrupted save", source, aside)
         return aside
     if source.is_dir():
-        raise FileNotFoundError(f"{source} is not a complete checkpoint (no {MANIFEST}); was its save interrupted?")
-    raise FileNotFoundError(f"no checkpoint at {source}")
+        raise CheckpointNotFoundError(
+            f"{source} is not a complete checkpoint (no {MANIFEST}); was its save interrupted?"
+        )
+    raise CheckpointNotFoundError(f"no checkpoint at {source}{_nearby(source)}")
+
+
+def _nearby(source: Path) -> str:
+    """What the folder above ``source`` holds, so a mistyped name shows the right one."""
+    parent = source.parent
+    if not parent.is_dir():
+        return f" ({parent} does not exist either; pass the folder save_state wrote)"
+    found = sorted(p.name for p in parent.iterdir() if (p / MANIFEST).is_file() or written_by_accelerate(p))
+    if not found:
+        return f" ({parent} holds no checkpoint; pass the folder save_state wrote)"
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return f" ({parent} holds {shown})"
 
 
 def load_checkpoint(source: Path, parts: CheckpointParts, state: ProcessState, *, strict: bool = True) -> Path:

@@ -20,22 +20,19 @@ import torch
 from x_runtime.checkpoint.parts import CheckpointParts
 from x_runtime.core.offloaded import state_dict_of
 from x_runtime.core.random_state import capture_rng_state
-from x_runtime.strategies.defaults import StrategyDefaults
+from x_runtime.strategies.base import Strategy
 
 __all__ = ["HostBuffers", "copies_in_background", "snapshot_parts"]
 
 
-def copies_in_background(strategy: Any) -> bool:
+def copies_in_background(strategy: Strategy) -> bool:
     """Whether ``strategy`` writes its files from plain state dicts, with no collective.
 
     Sharding strategies (FSDP, DeepSpeed) and XLA gather or stream their files with collectives
-    or device work of their own; those saves stay synchronous.
+    or device work of their own; those saves stay synchronous. The strategy declares it
+    (``Strategy.writes_from_state_dicts``).
     """
-    kind = type(strategy)
-    return all(
-        getattr(kind, name, None) is getattr(StrategyDefaults, name)
-        for name in ("save_model_files", "save_optimizer_files", "to_host")
-    )
+    return strategy.writes_from_state_dicts
 
 
 class Frozen(torch.nn.Module):

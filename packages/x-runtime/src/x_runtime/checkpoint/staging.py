@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from x_runtime.checkpoint.accelerate_layout import foreign_files, written_by_accelerate
 from x_runtime.checkpoint.parts import MANIFEST, CheckpointParts
+from x_runtime.core.one_line_errors import FailedElsewhereError, JobError, OneLineError
 from x_runtime.io.atomic import partial_dir_for
 from x_runtime.io.disk_space import (
     DiskFullError,
@@ -31,7 +32,7 @@ from x_runtime.io.disk_space import (
 from x_runtime.process.collectives import gather_object
 
 if TYPE_CHECKING:
-    from x_runtime.process.state import ProcessState
+    from x_runtime.process.topology.state import ProcessState
 
 __all__ = ["TOKEN", "Staging", "agree", "open_staging"]
 
@@ -143,24 +144,35 @@ def agree(state: ProcessState, op: str, step: Callable[[], Any]) -> list[Any]:
     """
     failure: BaseException | None = None
     try:
-        outcome: Any = ("ok", step(), False)
+        outcome: Any = ("ok", step(), (False, False))
     except Exception as error:  # reported to every rank below
         failure = error
-        outcome = ("error", f"{type(error).__name__}: {error}", isinstance(error, DiskFullError))
+        outcome = ("error", f"{type(error).__name__}: {error}", (isinstance(error, DiskFullError), _one_line(error)))
     outcomes = gather_object([outcome]) if state.world_size > 1 else [outcome]
-    failed = [(r, text, full) for r, (kind, text, full) in enumerate(outcomes) if kind == "error"]
+    failed = [(r, text, full) for r, (kind, text, (full, _)) in enumerate(outcomes) if kind == "error"]
     if failed:
         if state.world_size == 1 and failure is not None:
             raise failure
         if len(failed) == 1:
             message = f"{op} failed on rank {failed[0][0]}: {failed[0][1]}"
+        elif len({text for _r, text, _full in failed}) == 1:  # the same error everywhere: said once
+            message = f"{op} failed on ranks {', '.join(str(r) for r, _text, _full in failed)}: {failed[0][1]}"
         else:
             details = "; ".join(f"rank {r}: {text}" for r, text, _full in failed)
             message = f"{op} failed on ranks {', '.join(str(r) for r, _text, _full in failed)}: {details}"
         if all(full for _r, _text, full in failed):  # still an OSError(ENOSPC) on every rank
             raise DiskFullError(message, **_amounts_of(failure)) from failure
+        if all(one_line for kind, _text, (_full, one_line) in outcomes if kind == "error"):
+            raise JobError(message) from failure  # each rank's message says it all: printed once per job
+        if failure is None:  # the failing ranks print their tracebacks; here, one line for the job
+            raise FailedElsewhereError(message)
         raise RuntimeError(message) from failure
-    return [value for _kind, value, _full in outcomes]
+    return [value for _kind, value, _flags in outcomes]
+
+
+def _one_line(error: BaseException) -> bool:
+    # An agreed error already names every rank's failure: it is not a failure of its own.
+    return isinstance(error, OneLineError) and not isinstance(error, JobError)
 
 
 def _amounts_of(failure: BaseException | None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from datetime import timedelta
 from typing import Any
 
 from x_common import env
+from x_runtime.core.settings import current_settings
 
 __all__ = [
     "AORecipeKwargs",
@@ -252,7 +253,7 @@ class FP8RecipeKwargs(TERecipeKwargs):
             FutureWarning,
             stacklevel=3,
         )
-        given = self.backend if self.backend is not None else env.ACCELERATE_FP8_BACKEND.read()
+        given = self.backend if self.backend is not None else current_settings().get(env.ACCELERATE_FP8_BACKEND)
         backend = "TE" if given is None else str(given).upper()
         if backend == "MSAMP":
             raise ValueError("FP8RecipeKwargs(backend='msamp'): x has no MS-AMP; use AORecipeKwargs() (torchao fp8)")

@@ -16,6 +16,7 @@ import torch
 
 from x_common import env
 from x_runtime.core.environment import patch_environment
+from x_runtime.core.settings import current_settings
 
 __all__ = [
     "is_aim_available",
@@ -309,7 +310,7 @@ def is_boto3_available() -> bool:
 
 def is_rich_available() -> bool:
     """rich installed and asked for (``ACCELERATE_ENABLE_RICH``), as Accelerate checks."""
-    return _installed("rich") and bool(env.ACCELERATE_ENABLE_RICH.read())
+    return _installed("rich") and bool(current_settings().get(env.ACCELERATE_ENABLE_RICH))
 
 
 def is_tqdm_available() -> bool:

@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass
 
 from x_common import env
+from x_runtime.core.settings import current_settings
 from x_runtime.core.versions import compare_versions, is_torch_version
 
 __all__ = [
@@ -97,7 +98,7 @@ class TorchContextParallelConfig:
         if not is_torch_version(">=", BETA_CP_AVAILABLE_PYTORCH_VERSION):
             raise ValueError(f"context parallelism needs torch >= {BETA_CP_AVAILABLE_PYTORCH_VERSION}")
         if self.cp_comm_strategy is None:
-            self.cp_comm_strategy = env.PARALLELISM_CP_COMM_STRATEGY.read() or CP_COMM_STRATEGIES[0]
+            self.cp_comm_strategy = current_settings().get(env.PARALLELISM_CP_COMM_STRATEGY) or CP_COMM_STRATEGIES[0]
         if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
             raise ValueError(
                 f"Invalid cp_comm_strategy: {self.cp_comm_strategy}; expected one of {', '.join(CP_COMM_STRATEGIES)}"
@@ -105,7 +106,7 @@ class TorchContextParallelConfig:
 
 
 def _seq_length_from_env() -> int | None:
-    raw = env.PARALLELISM_SP_SEQ_LENGTH.read()
+    raw = current_settings().get(env.PARALLELISM_SP_SEQ_LENGTH)
     if raw is None or raw.strip() in ("", "None"):  # Accelerate's launcher writes "None" for unset
         return None
     try:
@@ -135,17 +136,18 @@ class DeepSpeedSequenceParallelConfig:
     sp_attn_implementation: str | None = None
 
     def __post_init__(self) -> None:
+        settings = current_settings()  # one snapshot for every field read here
         if self.sp_seq_length_is_variable is None:
-            self.sp_seq_length_is_variable = bool(env.PARALLELISM_SP_SEQ_LENGTH_IS_VARIABLE.read())
+            self.sp_seq_length_is_variable = bool(settings.get(env.PARALLELISM_SP_SEQ_LENGTH_IS_VARIABLE))
         if not self.sp_seq_length_is_variable and self.sp_seq_length is None:
-            if not env.PARALLELISM_SP_SEQ_LENGTH.is_set():
+            if not settings.is_set(env.PARALLELISM_SP_SEQ_LENGTH):
                 raise ValueError(
                     "sp_seq_length_is_variable=False needs sp_seq_length (or "
                     f"{env.PARALLELISM_SP_SEQ_LENGTH.name} in the environment)"
                 )
             self.sp_seq_length = _seq_length_from_env()
         if self.sp_attn_implementation is None:
-            self.sp_attn_implementation = env.PARALLELISM_SP_ATTN_IMPLEMENTATION.read()
+            self.sp_attn_implementation = settings.get(env.PARALLELISM_SP_ATTN_IMPLEMENTATION)
         _check_attention(self.sp_attn_implementation)
 
 

@@ -36,6 +36,7 @@ from x_runtime.core.parallel_handlers import (
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
 )
+from x_runtime.core.settings import current_settings
 
 __all__ = ["ParallelismConfig"]
 
@@ -95,14 +96,15 @@ class ParallelismConfig:
     device_mesh: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        settings = current_settings()  # one snapshot for every field read here
         for dim, var in _SIZE_VARS.items():
             name = f"{dim}_size"
             value = getattr(self, name)
-            setattr(self, name, var.read() if value is None else _checked_size(name, value))
+            setattr(self, name, settings.get(var) if value is None else _checked_size(name, value))
         if self.cp_backend is None:
-            self.cp_backend = env.PARALLELISM_CP_BACKEND.read()
+            self.cp_backend = settings.get(env.PARALLELISM_CP_BACKEND)
         if self.sp_backend is None:
-            self.sp_backend = env.PARALLELISM_SP_BACKEND.read()
+            self.sp_backend = settings.get(env.PARALLELISM_SP_BACKEND)
         for dim, known in _BACKENDS.items():
             backend = getattr(self, f"{dim}_backend")
             if backend not in known:

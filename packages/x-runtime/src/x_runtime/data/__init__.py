@@ -1,7 +1,7 @@
 """Data: prepared (sharded, resumable) loaders and the samplers under them.
 
-``data_loader`` prepares a loader (``prepare_data_loader``, ``skip_first_batches``, the
-``LoaderSpec`` strategies build from); ``loaders`` holds the two prepared classes, ``loader_state``
+``loader`` is the prepared loader: how it is built (``prepare_data_loader``, ``skip_first_batches``,
+the ``LoaderSpec`` strategies build from) and the two prepared classes; ``loader_state``
 what they show as Accelerate's (``DataLoaderStateMixin``, the stateful look); ``skip_loader`` and
 ``iterable_shard`` are Accelerate's ``SkipDataLoader`` and ``IterableDatasetShard``; ``samplers``
 and ``steps`` deal indices and batches out to the ranks as one ``Sharding`` says;
@@ -11,11 +11,17 @@ optimizer, scheduler and ``gather_for_metrics`` (it lives here because the loade
 """
 
 from x_runtime.core.nested import send_to_device
-from x_runtime.data.data_loader import LoaderSpec, prepare_data_loader, prepare_sharded_loader, skip_first_batches
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.data.iterable_shard import IterableDatasetShard
+from x_runtime.data.loader import (
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    LoaderSpec,
+    prepare_data_loader,
+    prepare_sharded_loader,
+    skip_first_batches,
+)
 from x_runtime.data.loader_state import DataLoaderStateMixin, StatefulLook
-from x_runtime.data.loaders import DataLoaderDispatcher, DataLoaderShard
 from x_runtime.data.samplers import BatchSamplerShard, SeedableRandomSampler, SkipBatchSampler, check_split
 from x_runtime.data.sharding import Sharding
 from x_runtime.data.skip_loader import SkipDataLoader

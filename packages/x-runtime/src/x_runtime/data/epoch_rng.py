@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
-from x_runtime.data.samplers import SeedableRandomSampler, _mix_seed
+from x_runtime.data.samplers import SeedableRandomSampler, mix_seed
 from x_runtime.data.sharding import Sharding
 
 __all__ = ["EpochRandomness"]
@@ -105,7 +105,7 @@ class EpochRandomness:
                 torch.empty((), dtype=torch.int64).random_()
                 self._lent = loader
             else:
-                generator.manual_seed(_mix_seed(seed or 0, epoch) ^ _WORKER_SEED_SALT)
+                generator.manual_seed(mix_seed(seed or 0, epoch) ^ _WORKER_SEED_SALT)
             loader.generator = generator
         if self._shared is not None:
             from x_runtime.core.random_state import synchronize_rng_states

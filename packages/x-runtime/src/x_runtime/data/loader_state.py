@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:
     from x_runtime.data.gradient_state import GradientState
 
-__all__ = ["DataLoaderStateMixin", "StatefulLook"]
+__all__ = ["DataLoaderStateMixin", "StatefulLook", "torchdata_class"]
 
 _OBJECT_CLASS = object.__dict__["__class__"]  # the slot behind ``obj.__class__ = cls``
 
 
 @functools.cache
-def _torchdata_class() -> type | None:
+def torchdata_class() -> type | None:
     """torchdata's ``StatefulDataLoader`` (None without torchdata 0.8 or newer); imported on first use."""
     from x_runtime.core.imports import is_torchdata_stateful_dataloader_available
 
@@ -66,7 +66,7 @@ class StatefulLook:
     def __class__(self) -> type:
         real = type(self)
         if self.__dict__.get("use_stateful_dataloader"):
-            return _torchdata_class() or real
+            return torchdata_class() or real
         return real
 
     @__class__.setter

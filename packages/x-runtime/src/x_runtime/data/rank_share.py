@@ -7,7 +7,7 @@ over a sampler whose order is known up front (``SequentialSampler``, or a
 :class:`~x_runtime.data.samplers.SeedableRandomSampler`, whose order is a function of seed and
 epoch), a rank's batch of step ``k`` is the slice ``[(k * W + r) * B, (k * W + r + 1) * B)`` of that
 order: one list slice per step, nothing for the other ranks. The last, incomplete step (padding,
-uneven ranks, ``drop_last``) is left to the rule every path shares (``steps._last_step``), so the
+uneven ranks, ``drop_last``) is left to the rule every path shares (``steps.last_step``), so the
 batches, the real-sample counts and the lengths are the general path's, which the tests compare.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from x_runtime.data.sharding import Sharding
-from x_runtime.data.steps import INDEX_OPS, _last_step
+from x_runtime.data.steps import INDEX_OPS, last_step
 
 __all__ = ["rank_share"]
 
@@ -75,7 +75,7 @@ def _deal(
     group = [order[start : start + size] for start in range(tail_start, tail_end, size)]
     pad = sharding.even_batches and not drop_last and processes > 1
     exhausted()
-    final = _last_step(group, head, processes, size, False, pad, sharding.even_batches, drop_last, INDEX_OPS)
+    final = last_step(group, head, processes, size, False, pad, sharding.even_batches, drop_last, INDEX_OPS)
     if final is not None:
         entries, count = final
         yield entries[rank], count

@@ -24,19 +24,20 @@ from x_runtime.data.sharding import Sharding
 from x_runtime.data.steps import global_steps, rank_batch_count
 
 if TYPE_CHECKING:
-    from x_runtime.process.shared_int import SharedInt
+    from x_runtime.process.collectives.shared_int import SharedInt
 
 __all__ = [
     "BatchSamplerShard",
     "SeedableRandomSampler",
     "SkipBatchSampler",
     "check_split",
+    "mix_seed",
 ]
 
 _MASK64 = (1 << 64) - 1
 
 
-def _mix_seed(seed: int, epoch: int) -> int:
+def mix_seed(seed: int, epoch: int) -> int:
     """A well-spread seed for ``(seed, epoch)`` (splitmix64): for streams x owns, such as loader workers'."""
     value = (seed * 0x9E3779B97F4A7C15 + epoch + 0x632BE59BD9B4E019) & _MASK64
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64

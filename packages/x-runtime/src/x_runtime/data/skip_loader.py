@@ -1,6 +1,6 @@
 """Accelerate's ``SkipDataLoader``: a ``DataLoader`` whose every epoch starts after its first batches.
 
-:func:`~x_runtime.data.data_loader.skip_first_batches` is usually the better tool (it drops
+:func:`~x_runtime.data.loader.skip_first_batches` is usually the better tool (it drops
 skipped batches as index lists, never loading them); this class exists for code written against
 Accelerate's constructor.
 """
@@ -15,7 +15,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from x_runtime.data.gradient_state import GradientState
-from x_runtime.data.loader_state import DataLoaderStateMixin, StatefulLook, _torchdata_class
+from x_runtime.data.loader_state import DataLoaderStateMixin, StatefulLook, torchdata_class
 
 __all__ = ["SkipDataLoader"]
 
@@ -50,7 +50,7 @@ class SkipDataLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
     def __init__(
         self, dataset: Any, skip_batches: int = 0, use_stateful_dataloader: bool = False, **kwargs: Any
     ) -> None:
-        stateful = _torchdata_class() if use_stateful_dataloader else None
+        stateful = torchdata_class() if use_stateful_dataloader else None
         if use_stateful_dataloader and stateful is None:
             raise ImportError("SkipDataLoader(use_stateful_dataloader=True) needs torchdata 0.8 or newer")
         super().__init__(dataset, **kwargs)

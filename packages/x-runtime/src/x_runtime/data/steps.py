@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 from x_runtime.data.sharding import Sharding
 
-__all__ = ["INDEX_OPS", "BatchOps", "global_steps", "rank_batch_count"]
+__all__ = ["INDEX_OPS", "BatchOps", "global_steps", "last_step", "rank_batch_count"]
 
 
 class BatchOps(NamedTuple):
@@ -96,7 +96,7 @@ def global_steps(
             pending, group = group, []
     last_group = pending if pending is not None else group
     if last_group:
-        final = _last_step(last_group, head, processes, batch_size, split_batches, pad, even_batches, drop_last, ops)
+        final = last_step(last_group, head, processes, batch_size, split_batches, pad, even_batches, drop_last, ops)
         if final is not None:
             yield final
 
@@ -109,7 +109,7 @@ def _take(head: list[Any], count: int, ops: BatchOps) -> Any:
     return ops.slice(source, slice(0, count))
 
 
-def _last_step(
+def last_step(
     group: list[Any],
     head: list[Any],
     processes: int,
@@ -120,6 +120,7 @@ def _last_step(
     drop_last: bool,
     ops: BatchOps,
 ) -> tuple[list[Any], int] | None:
+    """The epoch's last global step as the ranks get it (padded, trimmed or dropped), and how many samples are real."""
     sizes = [ops.size(batch) for batch in group]
     last = sizes[-1]
     known = None not in sizes

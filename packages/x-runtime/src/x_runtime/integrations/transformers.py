@@ -30,7 +30,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from x_runtime.io.atomic import fsync_tree, write_file_atomic
 from x_runtime.process.collectives import barrier
-from x_runtime.process.preemption import PreemptionWatch
+from x_runtime.process.operations.preemption import PreemptionWatch
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ test runs) do not meet.
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Any
 
 from x_common import env
 from x_runtime.core.environment import patch_environment
+from x_runtime.core.settings import current_settings
 from x_runtime.launchers.notebook import start_workers
 
 __all__ = ["debug_launcher"]
@@ -51,7 +51,7 @@ def debug_launcher(function: Callable[..., Any], args: tuple[Any, ...] = (), num
         raise ValueError(f"debug_launcher: num_processes must be at least 1, got {num_processes}")
     host = "127.0.0.1"
     overrides = {env.USE_CPU.name: "1"}
-    if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
+    if sys.platform.startswith("linux") and current_settings().raw("GLOO_SOCKET_IFNAME") is None:
         overrides["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's hostname-based choice of interface fails on some hosts
     with patch_environment(**overrides):
         return start_workers(function, args, num_processes, "no", use_port=str(_free_port(host)), master_addr=host)

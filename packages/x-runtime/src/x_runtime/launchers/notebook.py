@@ -43,7 +43,8 @@ import torch.distributed as dist
 from x_common import env
 from x_runtime.core.environment import patch_environment
 from x_runtime.core.imports import is_cuda_available
-from x_runtime.process.peer_exit import mark_returned
+from x_runtime.core.settings import current_settings
+from x_runtime.process.topology.peer_exit import mark_returned
 
 __all__ = ["notebook_launcher"]
 
@@ -74,7 +75,8 @@ def _as_worker(function: Callable[..., Any], caller_handlers: dict[signal.Signal
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.environ[env.NOTEBOOK_WORKER.name] = "1"
         result = function(*args)
-        mark_returned(os.environ, int(os.environ.get("RANK", "0")))
+        settings = current_settings()  # this worker's own, with the variables start_workers gave it
+        mark_returned(settings.environ, int(settings.raw("RANK", "0")))
         return result
 
     return worker
@@ -233,7 +235,7 @@ def start_workers(
     config = LaunchConfig(**{k: v for k, v in options.items() if k in known})
     where = {env.MASTER_ADDR.name: master_addr, env.MASTER_PORT.name: use_port}
     where[env.MIXED_PRECISION.name] = mixed_precision
-    on_gpu = is_cuda_available() and not env.USE_CPU.read()
+    on_gpu = is_cuda_available() and not current_settings().get(env.USE_CPU)
     print(f"Launching training on {num_processes} {'GPU' if on_gpu else 'CPU'}s.")
     in_main_thread = threading.current_thread() is threading.main_thread()
     caller_handlers = _handlers_now() if in_main_thread else {}

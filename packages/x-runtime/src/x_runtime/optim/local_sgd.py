@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from x_runtime.process.distributed_type import DistributedType
+from x_runtime.process.topology.distributed_type import DistributedType
 
 __all__ = ["LocalSGD"]
 

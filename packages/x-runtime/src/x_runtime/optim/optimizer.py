@@ -14,7 +14,7 @@ import torch
 
 from x_runtime.core import nested
 from x_runtime.data.gradient_state import GradientState
-from x_runtime.process import progress
+from x_runtime.process.operations import progress
 
 __all__ = ["AcceleratedOptimizer"]
 

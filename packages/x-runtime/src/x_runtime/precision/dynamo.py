@@ -14,6 +14,7 @@ from typing import Any, cast
 import torch
 
 from x_common import env
+from x_runtime.core.settings import current_settings
 
 __all__ = ["TorchDynamoPlugin", "compile_model", "repeated_blocks"]
 
@@ -32,19 +33,20 @@ class TorchDynamoPlugin:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        backend = env.DYNAMO_BACKEND.read() if self.backend is None else self.backend
+        settings = current_settings()  # one snapshot for every field read here
+        backend = settings.get(env.DYNAMO_BACKEND) if self.backend is None else self.backend
         self.backend = str(getattr(backend, "value", backend)).lower()
         if self.backend not in env.DYNAMO_BACKENDS:
             raise ValueError(f"dynamo backend {self.backend!r} is not one of {', '.join(env.DYNAMO_BACKENDS)}")
-        self.mode = env.DYNAMO_MODE.read() if self.mode is None else self.mode
+        self.mode = settings.get(env.DYNAMO_MODE) if self.mode is None else self.mode
         if self.mode not in env.DYNAMO_MODES:
             raise ValueError(f"dynamo mode {self.mode!r} is not one of {', '.join(env.DYNAMO_MODES)}")
         if self.fullgraph is None:
-            self.fullgraph = env.DYNAMO_FULLGRAPH.read()
+            self.fullgraph = settings.get(env.DYNAMO_FULLGRAPH)
         if self.dynamic is None:
-            self.dynamic = env.DYNAMO_DYNAMIC.read()
+            self.dynamic = settings.get(env.DYNAMO_DYNAMIC)
         if self.use_regional_compilation is None:
-            self.use_regional_compilation = env.DYNAMO_REGIONAL.read()
+            self.use_regional_compilation = settings.get(env.DYNAMO_REGIONAL)
 
     @property
     def enabled(self) -> bool:

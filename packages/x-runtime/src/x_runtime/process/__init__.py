@@ -1,31 +1,44 @@
-"""Processes: where this one runs, the cluster environments, collectives, and running code on some ranks.
+"""Processes: where this one sits, how processes talk, and what a process does while it runs.
 
-``state`` (``ProcessState``: rank, world, device, process group) is built from the first of the
-ordered ``environments`` that detects the process (XLA, torchrun, SLURM, single);
-``collectives`` gathers, reduces, pads and broadcasts nested structures after a cheap shape
-check (``_shape_check``, ``_transfer``); ``helpers`` runs code on chosen ranks, in order, or on
-a share of the inputs; ``logging`` logs once per job or rank by rank.
+``topology`` places the process (``ProcessState``, the cluster ``environments`` it can be started
+in, joining the process group); ``collectives`` gathers, reduces, pads and broadcasts nested
+structures after a cheap shape check; ``operations`` runs code on chosen ranks, logs once per job
+or rank by rank, saves from one process, and watches for preemption and stalls. Collectives
+import nothing from the other two, topology only collectives (its barrier), and operations both.
 """
 
 from x_runtime.process.collectives import (
+    DistributedOperationException,
     barrier,
     broadcast,
     broadcast_object_list,
     copy_tensor_to_devices,
+    debug_mode,
     gather,
     gather_object,
     pad_across_processes,
     rank,
     reduce,
+    set_debug_mode,
+    verify_operation,
     world_size,
 )
-from x_runtime.process.debug import debug_mode, set_debug_mode, verify_operation
-from x_runtime.process.distributed_type import DistributedType
-from x_runtime.process.environments import ENVIRONMENTS, ClusterEnvironment, Placement, join_group
-from x_runtime.process.errors import DistributedOperationException
-from x_runtime.process.helpers import first_on, on_process, share_bounds, split_between_processes
-from x_runtime.process.logging import MultiProcessAdapter, get_logger
-from x_runtime.process.state import ProcessState
+from x_runtime.process.operations import (
+    MultiProcessAdapter,
+    first_on,
+    get_logger,
+    on_process,
+    share_bounds,
+    split_between_processes,
+)
+from x_runtime.process.topology import (
+    ENVIRONMENTS,
+    ClusterEnvironment,
+    DistributedType,
+    Placement,
+    ProcessState,
+    join_group,
+)
 
 __all__ = [
     "ENVIRONMENTS",

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from x_runtime.data.data_loader import LoaderSpec
     from x_runtime.data.gradient_state import GradientState
+    from x_runtime.data.loader.prepare import LoaderSpec
 
 __all__ = ["Replacements", "Strategy"]
 
@@ -55,6 +55,10 @@ class Strategy(Protocol):
         ...
 
     scales_loss_for_accumulation: bool  # True: backward divides by the accumulation steps itself
+    # True: checkpoint files are written from plain host state dicts, with no collective and no
+    # device work, so an asynchronous save may hand a host copy to a background thread. Sharding
+    # strategies (FSDP, DeepSpeed) and XLA gather or stream their files: their saves stay synchronous.
+    writes_from_state_dicts: bool
 
     # --- prepare -----------------------------------------------------------------------------
     def place_model(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -97,6 +101,10 @@ class Strategy(Protocol):
     # --- weights -----------------------------------------------------------------------------
     def to_host(self, data: Any) -> Any:
         """``data`` in a form ``torch.save`` writes (XLA tensors must leave the device first)."""
+        ...
+
+    def load_device(self, model: torch.nn.Module) -> torch.device:
+        """Where saved whole-model weights are read to before they are copied into ``model``."""
         ...
 
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from x_runtime.process.state import ProcessState
+from x_runtime.process.topology.state import ProcessState
 from x_runtime.strategies.defaults import StrategyDefaults, check_shapes
 
 __all__ = ["DDPStrategy", "check_shapes", "register_comm_hook"]

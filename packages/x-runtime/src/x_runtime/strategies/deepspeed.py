@@ -22,10 +22,11 @@ from typing import Any
 import torch
 
 from x_common import env
+from x_runtime.core.settings import current_settings
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.optim.optimizer import AcceleratedOptimizer
 from x_runtime.optim.scheduler import AcceleratedScheduler
-from x_runtime.process.state import ProcessState
+from x_runtime.process.topology.state import ProcessState
 from x_runtime.strategies.base import Replacements
 from x_runtime.strategies.deepspeed_plugin import DeepSpeedPlugin
 from x_runtime.strategies.deepspeed_standins import (
@@ -50,6 +51,7 @@ _HIDDEN_AUTO: dict[str, Callable[[int], int]] = {
 class DeepSpeedStrategy(StrategyDefaults):
     distributed_type = "DEEPSPEED"
     scales_loss_for_accumulation = True
+    writes_from_state_dicts = False  # the engine writes its own sharded files, with collectives
 
     def __init__(
         self,
@@ -60,7 +62,7 @@ class DeepSpeedStrategy(StrategyDefaults):
     ):
         self.state = state
         self.gradient_state = gradient_state or GradientState()
-        if state.device.type == "cpu" and not env.DS_ACCELERATOR.is_set():
+        if state.device.type == "cpu" and not current_settings().is_set(env.DS_ACCELERATOR):
             os.environ[env.DS_ACCELERATOR.name] = "cpu"  # read by DeepSpeed when it is imported
         try:
             import deepspeed

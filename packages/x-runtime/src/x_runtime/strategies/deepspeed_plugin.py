@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from x_common import env
+from x_runtime.core.settings import current_settings
 from x_runtime.strategies.deepspeed_standins import HfDeepSpeedConfig, is_file, read_deepspeed_config
 
 __all__ = ["DeepSpeedPlugin"]
@@ -47,8 +48,9 @@ class DeepSpeedPlugin:
     zero3_save_16bit_model: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.hf_ds_config is None and env.DEEPSPEED_CONFIG_FILE.is_set():
-            self.hf_ds_config = env.DEEPSPEED_CONFIG_FILE.read()
+        settings = current_settings()  # one snapshot for every field read here
+        if self.hf_ds_config is None and settings.is_set(env.DEEPSPEED_CONFIG_FILE):
+            self.hf_ds_config = settings.get(env.DEEPSPEED_CONFIG_FILE)
         for name, var in (
             ("zero_stage", env.DEEPSPEED_ZERO_STAGE),
             ("gradient_clipping", env.DEEPSPEED_GRADIENT_CLIPPING),
@@ -57,9 +59,9 @@ class DeepSpeedPlugin:
             ("zero3_save_16bit_model", env.DEEPSPEED_ZERO3_SAVE_16BIT_MODEL),
         ):
             if getattr(self, name) is None:
-                setattr(self, name, var.read())
-        if self.zero3_init_flag is None and env.DEEPSPEED_ZERO3_INIT.is_set():
-            self.zero3_init_flag = env.DEEPSPEED_ZERO3_INIT.read()  # unset: on under ZeRO-3 (below)
+                setattr(self, name, settings.get(var))
+        if self.zero3_init_flag is None and settings.is_set(env.DEEPSPEED_ZERO3_INIT):
+            self.zero3_init_flag = settings.get(env.DEEPSPEED_ZERO3_INIT)  # unset: on under ZeRO-3 (below)
         source = self.hf_ds_config
         self.hf_ds_config = source if isinstance(source, HfDeepSpeedConfig) else HfDeepSpeedConfig(self._load(source))
         config = self.config

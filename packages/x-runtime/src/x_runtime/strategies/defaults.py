@@ -21,9 +21,9 @@ from x_runtime.io.model_files import load_tensors_file, save_tensors_file
 from x_runtime.strategies.base import Replacements
 
 if TYPE_CHECKING:
-    from x_runtime.data.data_loader import LoaderSpec
     from x_runtime.data.gradient_state import GradientState
-    from x_runtime.process.state import ProcessState
+    from x_runtime.data.loader.prepare import LoaderSpec
+    from x_runtime.process.topology.state import ProcessState
 
 __all__ = ["StrategyDefaults", "check_shapes", "refuse_layout"]
 
@@ -33,6 +33,7 @@ class StrategyDefaults:
 
     distributed_type: str | None = None  # None keeps what the process state inferred
     scales_loss_for_accumulation = False  # True: backward divides by the accumulation steps itself
+    writes_from_state_dicts = True  # whole tensors from host state dicts: async saves copy and go
     state: ProcessState
 
     # --- prepare -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from x_runtime.io.files import torch_load, torch_save
-from x_runtime.process.state import ProcessState
+from x_runtime.process.topology.state import ProcessState
 from x_runtime.strategies.defaults import (
     StrategyDefaults,
     check_shapes,
@@ -40,6 +40,7 @@ __all__ = ["FSDPStrategy", "wrap_units"]
 
 class FSDPStrategy(StrategyDefaults):
     distributed_type = "FSDP"
+    writes_from_state_dicts = False  # sharded files, or full ones gathered with collectives
 
     def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin, mixed_precision: str):
         self.state = state

@@ -28,7 +28,7 @@ from x_runtime.core.constants import FSDP_MODEL_NAME, OPTIMIZER_NAME, SAFE_WEIGH
 from x_runtime.core.unwrap import is_peft_model
 from x_runtime.io.files import torch_load
 from x_runtime.io.model_files import save_object
-from x_runtime.process.state import ProcessState
+from x_runtime.process.topology.state import ProcessState
 
 __all__ = [
     "load_fsdp_model",

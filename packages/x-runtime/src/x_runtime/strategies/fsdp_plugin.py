@@ -17,6 +17,7 @@ import torch
 
 from x_common import env
 from x_common.fsdp_reshard import reshard_after_forward_for
+from x_runtime.core.settings import Settings, current_settings
 
 __all__ = ["FullyShardedDataParallelPlugin"]
 
@@ -76,13 +77,14 @@ class FullyShardedDataParallelPlugin:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        settings = current_settings()  # one snapshot for every field read here
         if self.fsdp_version is None:
-            self.fsdp_version = env.FSDP_VERSION.read()
+            self.fsdp_version = settings.get(env.FSDP_VERSION)
         if int(self.fsdp_version) not in (1, 2):
             raise ValueError(f"fsdp_version={self.fsdp_version!r}: expected 1 or 2")
         self._resolve_resharding()
         if self.auto_wrap_policy is None:
-            self.auto_wrap_policy = env.FSDP_AUTO_WRAP_POLICY.read()
+            self.auto_wrap_policy = settings.get(env.FSDP_AUTO_WRAP_POLICY)
         if isinstance(self.auto_wrap_policy, str):
             policy = self.auto_wrap_policy.lower()
             if policy not in _WRAP_POLICIES:
@@ -91,7 +93,7 @@ class FullyShardedDataParallelPlugin:
                 )
             self.auto_wrap_policy = policy
         if self.transformer_cls_names_to_wrap is None:
-            names = env.FSDP_TRANSFORMER_CLS_TO_WRAP.read()
+            names = settings.get(env.FSDP_TRANSFORMER_CLS_TO_WRAP)
             self.transformer_cls_names_to_wrap = list(names) if names else None
         elif isinstance(self.transformer_cls_names_to_wrap, str):
             self.transformer_cls_names_to_wrap = [
@@ -100,11 +102,11 @@ class FullyShardedDataParallelPlugin:
         if self.transformer_cls_names_to_wrap and self.auto_wrap_policy is None:
             self.auto_wrap_policy = "transformer_based_wrap"
         if self.min_num_params is None:
-            self.min_num_params = env.FSDP_MIN_NUM_PARAMS.read()
+            self.min_num_params = settings.get(env.FSDP_MIN_NUM_PARAMS)
         if self.cpu_offload is None:
-            self.cpu_offload = env.FSDP_OFFLOAD_PARAMS.read()
+            self.cpu_offload = settings.get(env.FSDP_OFFLOAD_PARAMS)
         if self.state_dict_type is None:
-            self.state_dict_type = env.FSDP_STATE_DICT_TYPE.read()
+            self.state_dict_type = settings.get(env.FSDP_STATE_DICT_TYPE)
         self.state_dict_type = _enum_name(self.state_dict_type, _STATE_DICT_NUMBERS)
         if self.backward_prefetch is not None:
             self.backward_prefetch = _enum_name(self.backward_prefetch, _PREFETCH_NUMBERS)
@@ -121,7 +123,7 @@ class FullyShardedDataParallelPlugin:
             ("sync_module_states", env.FSDP_SYNC_MODULE_STATES),
         ):
             if getattr(self, name) is None:
-                setattr(self, name, var.read())
+                setattr(self, name, settings.get(var))
         if self.cpu_ram_efficient_loading and not self.sync_module_states:
             raise ValueError(
                 "cpu_ram_efficient_loading=True needs sync_module_states=True: the other ranks get rank 0's weights "
@@ -163,11 +165,12 @@ class FullyShardedDataParallelPlugin:
         return names
 
     def _resolve_resharding(self) -> None:
+        settings = current_settings()  # one snapshot for every field read here
         strategy = self.sharding_strategy
         if isinstance(self.reshard_after_forward, (str, enum.Enum)):  # Accelerate writes FSDP1 names here
             strategy, self.reshard_after_forward = self.reshard_after_forward, None
-        if strategy is None and env.FSDP_SHARDING_STRATEGY.is_set():
-            strategy = env.FSDP_SHARDING_STRATEGY.read()
+        if strategy is None and settings.is_set(env.FSDP_SHARDING_STRATEGY):
+            strategy = settings.get(env.FSDP_SHARDING_STRATEGY)
         if strategy is not None:
             strategy = _enum_name(strategy, _STRATEGY_NUMBERS)
             translated = reshard_after_forward_for(strategy)  # the launcher's translation, not a copy
@@ -183,7 +186,7 @@ class FullyShardedDataParallelPlugin:
                 )
             self.reshard_after_forward = translated
         if self.reshard_after_forward is None:
-            self.reshard_after_forward = env.FSDP_RESHARD_AFTER_FORWARD.read()
+            self.reshard_after_forward = settings.get(env.FSDP_RESHARD_AFTER_FORWARD)
         self.reshard_after_forward = bool(self.reshard_after_forward)
 
     def mixed_precision(self, mode: str) -> Any:
@@ -210,13 +213,14 @@ class FullyShardedDataParallelPlugin:
         return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def needs_cpu_collectives(plugin: FullyShardedDataParallelPlugin | None) -> bool:
+def needs_cpu_collectives(plugin: FullyShardedDataParallelPlugin | None, settings: Settings) -> bool:
     """Whether FSDP as configured makes collectives on CPU tensors: CPU offload, or full state
     dicts (gathered to the CPU); as Accelerate decides, from the plugin or the launcher's variables."""
+    settings = current_settings()  # one snapshot for every field read here
     if plugin is not None:
         return bool(plugin.cpu_offload) or plugin.state_dict_type == "FULL_STATE_DICT"
-    state_dict_type = _enum_name(env.FSDP_STATE_DICT_TYPE.read(), _STATE_DICT_NUMBERS)
-    return bool(env.FSDP_OFFLOAD_PARAMS.read()) or state_dict_type == "FULL_STATE_DICT"
+    state_dict_type = _enum_name(settings.get(env.FSDP_STATE_DICT_TYPE), _STATE_DICT_NUMBERS)
+    return bool(settings.get(env.FSDP_OFFLOAD_PARAMS)) or state_dict_type == "FULL_STATE_DICT"
 
 
 def _dtype(name: str, value: Any) -> Any:

@@ -9,16 +9,16 @@ backend and whether a world of one joins a group.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from x_common import env
+from x_runtime.core.settings import Settings, current_settings
 from x_runtime.data.gradient_state import GradientState
-from x_runtime.process.distributed_type import SHARDED, DistributedType
-from x_runtime.process.environment_contract import GroupOptions
-from x_runtime.process.state import ProcessState
+from x_runtime.process.topology.distributed_type import SHARDED, DistributedType
+from x_runtime.process.topology.environment_contract import GroupOptions
+from x_runtime.process.topology.state import ProcessState
 from x_runtime.strategies.base import Strategy
 from x_runtime.strategies.ddp import DDPStrategy
 from x_runtime.strategies.fsdp_plugin import needs_cpu_collectives
@@ -34,17 +34,16 @@ class StrategyChoice:
     group: GroupOptions
     fsdp_plugin: Any = None
     deepspeed_plugin: Any = None
+    settings: Settings = field(default_factory=current_settings, repr=False)  # the launcher's, read once
 
-    def join(
-        self, *, cpu: bool = False, environ: Mapping[str, str] | None = None, partial: bool = False
-    ) -> ProcessState:
+    def join(self, *, cpu: bool = False, partial: bool = False) -> ProcessState:
         """This process placed by its environment, in the process group the strategy needs.
 
         Its ``distributed_type`` names the sharding strategy when one runs (XLA stays XLA: ``build``
         refuses a sharding strategy there), unless ``partial``: Accelerate's ``PartialState`` reports
         the environment's own type (MULTI_GPU under an FSDP launch), only ``AcceleratorState`` FSDP.
         """
-        process = ProcessState.from_environment(cpu=cpu, group=self.group, environ=environ)
+        process = ProcessState.from_environment(cpu=cpu, group=self.group, environ=self.settings.environ)
         if self.kind is not None and not partial and process.distributed_type != DistributedType.XLA:
             process.distributed_type = self.kind
         return process
@@ -91,21 +90,22 @@ def decide(
     backend: str | None = None,
     init_method: str | None = None,
     timeout: timedelta | None = None,
-    environ: Mapping[str, str] | None = None,
+    settings: Settings | None = None,
 ) -> StrategyChoice:
     """The strategy from the plugins given in code, else the launcher's ``distributed_type``; its group options.
 
     Examples:
-        >>> decide(environ={}).kind is None
+        >>> decide(settings=Settings.of({})).kind is None
         True
-        >>> decide(environ={env.DISTRIBUTED_TYPE.name: "FSDP"}).group.sharded
+        >>> decide(settings=Settings.of({env.DISTRIBUTED_TYPE.name: "FSDP"})).group.sharded
         True
 
     Raises:
         ValueError: both plugins given, or a plugin that contradicts the launcher's choice; the
             message names both.
     """
-    launched = env.DISTRIBUTED_TYPE.read(environ)
+    settings = settings or current_settings()
+    launched = settings.get(env.DISTRIBUTED_TYPE)
     given = [name for name, plugin in (("FSDP", fsdp_plugin), ("DEEPSPEED", deepspeed_plugin)) if plugin is not None]
     if len(given) == 2:
         raise ValueError("pass fsdp_plugin or deepspeed_plugin, not both")
@@ -120,6 +120,6 @@ def decide(
         init_method=init_method,
         timeout=timeout,
         sharded=kind is not None,
-        cpu_collectives=kind == DistributedType.FSDP and needs_cpu_collectives(fsdp_plugin),
+        cpu_collectives=kind == DistributedType.FSDP and needs_cpu_collectives(fsdp_plugin, settings),
     )
-    return StrategyChoice(kind, group, fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin)
+    return StrategyChoice(kind, group, fsdp_plugin=fsdp_plugin, deepspeed_plugin=deepspeed_plugin, settings=settings)

@@ -25,10 +25,10 @@ import torch
 
 from x_runtime.core import nested
 from x_runtime.core.random_state import keep_xla_rng
-from x_runtime.data.data_loader import LoaderSpec
 from x_runtime.data.gradient_state import GradientState
-from x_runtime.process.distributed_type import DistributedType
-from x_runtime.process.state import ProcessState
+from x_runtime.data.loader.prepare import LoaderSpec
+from x_runtime.process.topology.distributed_type import DistributedType
+from x_runtime.process.topology.state import ProcessState
 from x_runtime.strategies.defaults import StrategyDefaults
 from x_runtime.strategies.param_moves import ParameterMoves
 
@@ -57,6 +57,7 @@ class XLAStrategy(StrategyDefaults):
     """One replica per XLA device; gradients averaged across replicas at each optimizer step."""
 
     distributed_type = DistributedType.XLA
+    writes_from_state_dicts = False  # tensors leave the device through XLA first
 
     def __init__(self, state: ProcessState, gradient_state: GradientState):
         self.state = state

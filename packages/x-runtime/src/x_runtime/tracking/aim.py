@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from x_runtime.tracking.base import GeneralTracker, _import_backend, _scalar, _SkipWarnings
+from x_runtime.tracking.base import GeneralTracker, SkipWarnings, import_backend, scalar_value
 
 __all__ = ["AimTracker"]
 
@@ -34,14 +34,14 @@ class AimTracker(GeneralTracker):
 
     def __init__(self, run_name: str, logging_dir: str | os.PathLike[str] | None = ".", **kwargs: Any):
         super().__init__()
-        self._aim = _import_backend("aim", "aim")
+        self._aim = import_backend("aim", "aim")
         self.run_name = run_name
         repo = kwargs.pop("repo", logging_dir)
         self.aim_repo_path = None if repo is None else os.fspath(repo)
         self.init_kwargs = kwargs
         self.writer = self._aim.Run(repo=self.aim_repo_path, **kwargs)
         self.writer.name = run_name
-        self._skips = _SkipWarnings("Aim")
+        self._skips = SkipWarnings("Aim")
 
     @property
     def tracker(self) -> Any:
@@ -68,7 +68,7 @@ class AimTracker(GeneralTracker):
             **kwargs: Passed to ``Run.track`` (``epoch``, ``context``).
         """
         for key, value in values.items():
-            number = _scalar(value)
+            number = scalar_value(value)
             if number is not None:
                 self.writer.track(number, name=key, step=step, **kwargs)
             elif value is None or isinstance(value, (str, bytes)):

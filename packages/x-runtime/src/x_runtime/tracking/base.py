@@ -82,7 +82,7 @@ def _missing_attributes(tracker: object) -> list[str]:
     return missing
 
 
-def _scalar(value: Any) -> float | int | None:
+def scalar_value(value: Any) -> float | int | None:
     """``value`` as a Python number when it is a real scalar (including a one-element tensor)."""
     if isinstance(value, numbers.Real):
         return value  # type: ignore[return-value]
@@ -95,7 +95,7 @@ def _scalar(value: Any) -> float | int | None:
     return None
 
 
-class _SkipWarnings:
+class SkipWarnings:
     """Warns once per (tracker, key) about a value the backend cannot record."""
 
     def __init__(self, tracker_name: str):
@@ -115,7 +115,7 @@ class _SkipWarnings:
         )
 
 
-def _import_backend(module: str, package: str) -> Any:
+def import_backend(module: str, package: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from x_runtime.tracking.base import GeneralTracker, _import_backend, _scalar, _SkipWarnings
+from x_runtime.core.settings import current_settings
+from x_runtime.tracking.base import GeneralTracker, SkipWarnings, import_backend, scalar_value
 
 __all__ = ["ClearMLTracker"]
 
@@ -40,7 +40,7 @@ class ClearMLTracker(GeneralTracker):
 
     def __init__(self, run_name: str | None = None, **kwargs: Any):
         super().__init__()
-        clearml = _import_backend("clearml", "clearml")
+        clearml = import_backend("clearml", "clearml")
         self.user_provided_run_name = run_name
         self.init_kwargs = kwargs
         current = clearml.Task.current_task()
@@ -49,10 +49,11 @@ class ClearMLTracker(GeneralTracker):
             self.task = current
         else:
             options = dict(kwargs)
-            options.setdefault("project_name", os.environ.get("CLEARML_PROJECT", run_name))
-            options.setdefault("task_name", os.environ.get("CLEARML_TASK", run_name))
+            settings = current_settings()  # ClearML's own variables win over the run name, as in Accelerate
+            options.setdefault("project_name", settings.raw("CLEARML_PROJECT", run_name))
+            options.setdefault("task_name", settings.raw("CLEARML_TASK", run_name))
             self.task = clearml.Task.init(**options)
-        self._skips = _SkipWarnings("ClearML")
+        self._skips = SkipWarnings("ClearML")
 
     @property
     def tracker(self) -> Any:
@@ -83,7 +84,7 @@ class ClearMLTracker(GeneralTracker):
         """
         reporter = self.task.get_logger()
         for key, value in values.items():
-            number = _scalar(value)
+            number = scalar_value(value)
             if number is None:
                 self._skips.skip(key, value, "numbers only")
             elif step is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from x_runtime.core.versions import compare_versions
-from x_runtime.tracking.base import GeneralTracker, _import_backend, _scalar, _SkipWarnings
+from x_runtime.tracking.base import GeneralTracker, SkipWarnings, import_backend, scalar_value
 
 __all__ = ["CometMLTracker"]
 
@@ -41,14 +41,14 @@ class CometMLTracker(GeneralTracker):
 
     def __init__(self, run_name: str, **kwargs: Any):
         super().__init__()
-        comet_ml = _import_backend("comet_ml", "comet_ml")
+        comet_ml = import_backend("comet_ml", "comet_ml")
         self.run_name = run_name
         self.init_kwargs = kwargs
         if compare_versions(str(comet_ml.__version__), ">=", _START_SINCE):
             self.writer = comet_ml.start(project_name=run_name, **kwargs)
         else:
             self.writer = comet_ml.Experiment(project_name=run_name, **kwargs)
-        self._skips = _SkipWarnings("Comet")
+        self._skips = SkipWarnings("Comet")
 
     @property
     def tracker(self) -> Any:
@@ -76,7 +76,7 @@ class CometMLTracker(GeneralTracker):
         if step is not None:
             self.writer.set_step(step)
         for key, value in values.items():
-            number = _scalar(value)
+            number = scalar_value(value)
             if number is not None:
                 self.writer.log_metric(key, number, step=step, **kwargs)
             elif isinstance(value, str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from x_runtime.tracking.base import GeneralTracker, _import_backend, _scalar, _SkipWarnings
+from x_runtime.tracking.base import GeneralTracker, SkipWarnings, import_backend, scalar_value
 
 __all__ = ["DVCLiveTracker"]
 
@@ -35,13 +35,13 @@ class DVCLiveTracker(GeneralTracker):
 
     def __init__(self, run_name: str | None = None, live: Any | None = None, **kwargs: Any):
         super().__init__()
-        self._dvclive = _import_backend("dvclive", "dvclive")
+        self._dvclive = import_backend("dvclive", "dvclive")
         self.run_name = run_name
         self.init_kwargs = kwargs
         # DVCLive's own test of what log_metric accepts (numbers, strings).
         self._could_log = importlib.import_module("dvclive.plots").Metric.could_log
         self.live = live if live is not None else self._dvclive.Live(**kwargs)
-        self._skips = _SkipWarnings("DVCLive")
+        self._skips = SkipWarnings("DVCLive")
 
     @property
     def tracker(self) -> Any:
@@ -70,7 +70,7 @@ class DVCLiveTracker(GeneralTracker):
         if step is not None:
             self.live.step = step
         for key, value in values.items():
-            number = _scalar(value)
+            number = scalar_value(value)
             if number is not None and not isinstance(value, (int, float)):
                 value = number  # a tensor or numpy scalar, recorded as the number it holds
             if self._could_log(value):

@@ -6,8 +6,9 @@ import json
 import os
 from typing import Any
 
+from x_runtime.core.settings import current_settings
 from x_runtime.process.collectives import rank
-from x_runtime.tracking.base import GeneralTracker, _import_backend, _scalar, _SkipWarnings
+from x_runtime.tracking.base import GeneralTracker, SkipWarnings, import_backend, scalar_value
 
 __all__ = ["MLflowTracker"]
 
@@ -66,18 +67,19 @@ class MLflowTracker(GeneralTracker):
         description: str | None = None,
     ):
         super().__init__()
-        self._mlflow = _import_backend("mlflow", "mlflow")
-        tags = os.environ.get("MLFLOW_TAGS", tags)
-        nested = os.environ.get("MLFLOW_NESTED_RUN")
-        self.experiment_name = os.environ.get("MLFLOW_EXPERIMENT_NAME", experiment_name)
+        self._mlflow = import_backend("mlflow", "mlflow")
+        settings = current_settings()  # MLflow's own variables win over the arguments, as in Accelerate
+        tags = settings.raw("MLFLOW_TAGS", tags)
+        nested = settings.raw("MLFLOW_NESTED_RUN")
+        self.experiment_name = settings.raw("MLFLOW_EXPERIMENT_NAME", experiment_name)
         self.logging_dir = None if logging_dir is None else os.fspath(logging_dir)
-        self.run_id = os.environ.get("MLFLOW_RUN_ID", run_id)
+        self.run_id = settings.raw("MLFLOW_RUN_ID", run_id)
         self.tags: dict[str, Any] | None = json.loads(tags) if isinstance(tags, str) else tags
         self.nested_run = _flag(nested) if nested is not None else bool(nested_run)
         self.run_name = run_name
         self.description = description
         self.active_run: Any = None
-        self._skips = _SkipWarnings("MLflow")
+        self._skips = SkipWarnings("MLflow")
 
     def start(self) -> None:
         """Open the run: in ``experiment_name`` (created with ``logging_dir`` as its artifact location when missing)."""
@@ -139,7 +141,7 @@ class MLflowTracker(GeneralTracker):
         """
         metrics = {}
         for key, value in values.items():
-            number = _scalar(value)
+            number = scalar_value(value)
             if number is None:
                 self._skips.skip(key, value, "numbers only")
             else:

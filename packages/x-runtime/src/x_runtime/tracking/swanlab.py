@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from x_runtime.tracking.base import GeneralTracker, _import_backend
+from x_runtime.tracking.base import GeneralTracker, import_backend
 
 __all__ = ["SwanLabTracker"]
 
@@ -35,7 +35,7 @@ class SwanLabTracker(GeneralTracker):
 
     def __init__(self, run_name: str, **kwargs: Any):
         super().__init__()
-        self._swanlab = _import_backend("swanlab", "swanlab")
+        self._swanlab = import_backend("swanlab", "swanlab")
         self.run_name = run_name
         self.init_kwargs = kwargs
         self.run = self._swanlab.init(project=run_name, **kwargs)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from x_runtime.tracking.base import GeneralTracker, _scalar, _SkipWarnings
+from x_runtime.tracking.base import GeneralTracker, SkipWarnings, scalar_value
 
 __all__ = ["TensorBoardTracker"]
 
@@ -52,7 +52,7 @@ class TensorBoardTracker(GeneralTracker):
         self.run_name = run_name
         self.logging_dir = os.path.join(os.fspath(logging_dir), run_name)
         self.writer = summary_writer(self.logging_dir, **kwargs)
-        self._skips = _SkipWarnings("TensorBoard")
+        self._skips = SkipWarnings("TensorBoard")
 
     @property
     def tracker(self) -> Any:
@@ -104,13 +104,13 @@ class TensorBoardTracker(GeneralTracker):
             >>> tracker.finish()
         """
         for key, value in values.items():
-            number = _scalar(value)
+            number = scalar_value(value)
             if number is not None:
                 self.writer.add_scalar(key, number, global_step=step, **kwargs)
             elif isinstance(value, str):
                 self.writer.add_text(key, value, global_step=step, **kwargs)
             elif isinstance(value, Mapping) and value:
-                group = {str(k): _scalar(v) for k, v in value.items()}
+                group = {str(k): scalar_value(v) for k, v in value.items()}
                 if any(v is None for v in group.values()):
                     self._skips.skip(key, value, "numbers, strings and dicts of numbers")
                 else:
@@ -163,6 +163,6 @@ def _flatten_hparams(values: Mapping[str, Any], prefix: str = "") -> dict[str, b
         elif isinstance(value, (bool, str)):
             flat[name] = value
         else:
-            number = _scalar(value)
+            number = scalar_value(value)
             flat[name] = number if number is not None else str(value)
     return flat

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from x_runtime.tracking.base import GeneralTracker, _import_backend
+from x_runtime.tracking.base import GeneralTracker, import_backend
 
 __all__ = ["TrackioTracker"]
 
@@ -34,7 +34,7 @@ class TrackioTracker(GeneralTracker):
 
     def __init__(self, run_name: str, **kwargs: Any):
         super().__init__()
-        self._trackio = _import_backend("trackio", "trackio")
+        self._trackio = import_backend("trackio", "trackio")
         self.run_name = run_name
         self.init_kwargs = kwargs
         self.run = self._trackio.init(project=run_name, **kwargs)

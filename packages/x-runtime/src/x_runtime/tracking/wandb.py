@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from x_runtime.tracking.base import GeneralTracker, _import_backend
+from x_runtime.tracking.base import GeneralTracker, import_backend
 
 __all__ = ["WandBTracker"]
 
@@ -30,7 +30,7 @@ class WandBTracker(GeneralTracker):
 
     def __init__(self, run_name: str, **kwargs: Any):
         super().__init__()
-        wandb = _import_backend("wandb", "wandb")
+        wandb = import_backend("wandb", "wandb")
         self.run_name = run_name
         self.run = wandb.init(project=run_name, **kwargs)
 

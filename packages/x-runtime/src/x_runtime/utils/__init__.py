@@ -30,9 +30,9 @@ from x_runtime.core.system import check_os_kernel
 from x_runtime.core.unwrap import is_peft_model
 from x_runtime.core.versions import compare_versions, is_torch_version
 from x_runtime.precision.policy import convert_outputs_to_fp32
-from x_runtime.process.errors import CannotPadNestedTensorWarning
-from x_runtime.process.progress_bar import tqdm
-from x_runtime.process.saving import save
+from x_runtime.process.collectives.errors import CannotPadNestedTensorWarning
+from x_runtime.process.operations.progress_bar import tqdm
+from x_runtime.process.operations.saving import save
 
 __all__ = [
     *imports.__all__,

@@ -11,7 +11,7 @@ TABLES = (
     ModuleTable(
         "accelerate.commands.accelerate_cli",
         x_launch="launch_command_parser merge_command_parser",
-        elsewhere={"main": "x_launch.accelerate_commands:accelerate_main"},
+        elsewhere={"main": "x_launch.cli.accelerate:accelerate_main"},
     ),
     ModuleTable(
         "accelerate.commands.config",
