@@ -14,7 +14,7 @@ accelerator being built, or a fresh one when none is.
 
 Examples:
     >>> from x_common import env
-    >>> settings = Settings.of({"X_MIXED_PRECISION": "bf16"})
+    >>> settings = Settings.of({env.MIXED_PRECISION.name: "bf16"})
     >>> settings.get(env.MIXED_PRECISION), settings.get(env.GRADIENT_ACCUMULATION_STEPS)
     ('bf16', 1)
     >>> settings.is_set(env.USE_CPU)
