@@ -76,6 +76,23 @@ def test_config_default_writes_a_cpu_config_at_the_default_location(exe: str, tm
     assert [p.name for p in path.parent.iterdir()] == ["launch.yaml"]  # no temporary file left
 
 
+@pytest.mark.parametrize("option", ["--mixed_precision", "--mixed-precision"])
+def test_config_default_takes_the_precision_as_accelerate_config_default_does(
+    exe: str, tmp_path: Path, option: str
+) -> None:
+    out = run(exe, tmp_path, "config", "default", option, "bf16")
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(own_path(tmp_path).read_text()) == {**CPU_DEFAULTS, "mixed_precision": "bf16"}
+    shown = run(exe, tmp_path, "config", "show")
+    assert any(line.strip().startswith("mixed_precision: bf16") for line in shown.stdout.splitlines()), shown.stdout
+
+
+def test_config_default_refuses_an_unknown_precision(exe: str, tmp_path: Path) -> None:
+    out = run(exe, tmp_path, "config", "default", "--mixed_precision", "bf32")
+    assert out.returncode == 2 and not own_path(tmp_path).exists()
+    assert "bf32" in out.stderr and len([line for line in out.stderr.splitlines() if line.strip()]) == 1, out.stderr
+
+
 def test_config_default_refuses_to_replace_an_existing_file(exe: str, tmp_path: Path) -> None:
     assert run(exe, tmp_path, "config", "default").returncode == 0
     path = own_path(tmp_path)

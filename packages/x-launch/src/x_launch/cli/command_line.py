@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from x_common.env import MIXED_PRECISIONS
 from x_launch.cli.options import setting_options
 
 _CONFIG_FILE = click.option(
@@ -87,13 +88,21 @@ def _target_path(config_file: Path | None) -> Path:
 
 @config.command("default")
 @_CONFIG_FILE
+@click.option(
+    "--mixed_precision",
+    "--mixed-precision",
+    type=click.Choice(MIXED_PRECISIONS),
+    default=None,
+    help="The precision to train in (as `accelerate config default --mixed_precision`); default: no.",
+)
 @click.option("--force", is_flag=True, help="Replace an existing file.")
-def config_default(config_file: Path | None, force: bool) -> None:
+def config_default(config_file: Path | None, mixed_precision: str | None, force: bool) -> None:
     """Write a config for this machine without asking questions.
 
     \b
     Examples:
       x-launch config default
+      x-launch config default --mixed_precision bf16
       x-launch config default --config_file ./launch.yaml --force
     """
     from x_common.devices import device_count
@@ -102,6 +111,8 @@ def config_default(config_file: Path | None, force: bool) -> None:
 
     path = _target_path(config_file)
     values = machine_defaults(device_count("cuda"))
+    if mixed_precision is not None:
+        values["mixed_precision"] = mixed_precision
     save_config(path, values, force=force)
     click.echo(f"wrote {path}")
 
