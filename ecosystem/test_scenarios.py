@@ -210,13 +210,22 @@ def run(
         env=_environment(case, side, launcher),
         timeout=TIMEOUT,
     )
-    if done.returncode != 0 or not (out / "result.json").is_file():
+    if side == "accelerate" and done.returncode != 0 and _aborted_after_its_work(done, out):
+        # torch's gloo exit race (x-runtime's process/topology/exit_settle.py): Accelerate's rank
+        # finished and wrote its result, then died in interpreter finalization. The x side gets no pass.
+        print(f"{case.name} accelerate {launcher}{tag}: a rank aborted at exit after its work (gloo exit race)")
+    elif done.returncode != 0 or not (out / "result.json").is_file():
         tail = "\n".join((done.stdout + done.stderr).splitlines()[-40:])
         pytest.fail(f"{case.name} on {side} ({launcher}) exited {done.returncode}:\n{tail}")
     result: dict[str, Any] = json.loads((out / "result.json").read_text())
     print(f"{case.name} {side} {launcher}{tag}: {time.monotonic() - started:.1f} s")
     _DONE[out] = result
     return result
+
+
+def _aborted_after_its_work(done: subprocess.CompletedProcess[str], out: Path) -> bool:
+    """Whether a run wrote its result and then lost a rank to SIGABRT in interpreter finalization."""
+    return (out / "result.json").is_file() and "terminate called without an active exception" in done.stderr
 
 
 _sides: tuple[str, ...] = ("accelerate", "x")

@@ -8,6 +8,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from x_runtime.process.topology.exit_settle import settle_collectives_at_exit
+
 __all__ = ["join_group"]
 
 
@@ -39,6 +41,7 @@ def join_group(
     Raises:
         RuntimeError: a group exists whose rank or world size disagree with ``rank``/``world_size``.
     """
+    settle_collectives_at_exit()  # a group adopted or created alike: its threads outlive the script
     if dist.is_initialized():
         if rank is not None and (dist.get_world_size() != world_size or dist.get_rank() != rank):
             raise RuntimeError(
