@@ -4,7 +4,8 @@ A missing checkpoint folder is not a bug in x or in the script: the traceback th
 internals (20 lines, 75 on two processes) hides the one line that says what to fix. Errors that
 mix in ``OneLineError`` end a script with ``error: <message>`` on stderr and exit code 1, once per
 job when every rank raised the same agreed error (``job_wide``), and with the full traceback when
-the run asked for it (``x-launch --debug``, ``X_DEBUG_MODE=1``).
+the run asked for it (``x-launch --debug``, ``X_DEBUG_MODE=1``). An allocation failure is one line
+too, per rank that ran out (``core/out_of_memory.py``).
 
 The hook is installed only over Python's own (``sys.__excepthook__``): IPython, a debugger or a
 library that set its own hook keeps it, and every other exception goes to the hook it replaced.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import sys
 from types import TracebackType
+
+from x_runtime.core.out_of_memory import describe_out_of_memory, is_out_of_memory
 
 __all__ = [
     "CheckpointNotFoundError",
@@ -59,6 +62,10 @@ class _Hook:
             if not value.job_wide or self.rank == 0:
                 sys.stderr.write(f"error: {value}\n")
                 sys.stderr.flush()
+            return
+        if not self.traceback and is_out_of_memory(value):
+            sys.stderr.write(f"error: {describe_out_of_memory(self.rank, kind, value, tb)}\n")
+            sys.stderr.flush()
             return
         self.previous(kind, value, tb)  # type: ignore[operator]
 

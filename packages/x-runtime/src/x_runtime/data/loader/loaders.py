@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
 from x_runtime.core.nested import apply, concat_batches, find_batch_size, send_to_device, slice_batch
+from x_runtime.core.out_of_memory import note_batch
 from x_runtime.data.epoch_rng import EpochRandomness
 from x_runtime.data.gradient_state import GradientState
 from x_runtime.data.loader_state import DataLoaderStateMixin, StatefulLook
@@ -465,6 +466,7 @@ class PreparedLoader(StatefulLook, DataLoaderStateMixin, DataLoader):
                     batch = send_to_device(batch, device, non_blocking=non_blocking)
                 position += 1
                 cursor.position, cursor.done = position, last
+                note_batch(batch, self.gradient_state.num_steps)  # an OOM's one line names its shapes
                 yield batch
             completed = True
         finally:

@@ -1,0 +1,142 @@
+"""An out-of-memory error as one line: what ran out, with which batch, what to try, where the traceback is.
+
+A CUDA OOM hours into a run arrives as a page of traceback through autograd whose one useful line
+("Tried to allocate 2.00 GiB") says neither which batch did it nor what to change; on CPU the
+allocator's ``RuntimeError`` is worse. x's exit hook (``core/one_line_errors.py``) prints instead:
+
+    error: out of memory on rank 0 (cpu) with batch {input_ids: 8x4096 int64}: peak 21.7 GiB of
+    23.4 GiB; try a batch of 4 with gradient_accumulation_steps=2 (the same 8 examples per optimizer
+    step), activation checkpointing, or the settings `x-estimate MODEL --plan` finds; traceback in
+    /tmp/x-oom/rank0-4242.log
+
+The prepared data loaders note each batch's shapes as they hand it out (a few microseconds, no
+reference kept: holding the batch would keep it in memory past the loop). The traceback still
+reaches the terminal with the run's debug setting.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import resource
+import sys
+import tempfile
+import traceback
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar
+
+import torch
+
+from x_common import env
+
+__all__ = ["describe_out_of_memory", "is_out_of_memory", "note_batch"]
+
+_MAX_LEAVES = 6
+
+
+class _Seen:
+    """What the last batch looked like, and the run's accumulation (for the advice)."""
+
+    shapes: ClassVar[list[tuple[str, tuple[int, ...], str]]] = []
+    batch_size: ClassVar[int | None] = None
+    accumulation: ClassVar[int] = 1
+
+
+def _leaves(batch: Any, name: str, found: list[tuple[str, tuple[int, ...], str]]) -> None:
+    if len(found) >= _MAX_LEAVES:
+        return
+    if isinstance(batch, torch.Tensor):
+        found.append((name, tuple(batch.shape), str(batch.dtype).removeprefix("torch.")))
+    elif isinstance(batch, Mapping):
+        # The first few entries only: a batch that is a long list of strings costs no more.
+        for key, value in itertools.islice(batch.items(), _MAX_LEAVES):
+            _leaves(value, str(key), found)
+    elif isinstance(batch, (list, tuple)):
+        for index, value in enumerate(itertools.islice(batch, _MAX_LEAVES)):
+            _leaves(value, f"{name}[{index}]" if name else str(index), found)
+
+
+def note_batch(batch: Any, accumulation: int = 1) -> None:
+    """Remember the shapes of the batch a prepared loader hands out (not the batch itself).
+
+    Args:
+        batch: the batch, as the loop receives it.
+        accumulation: micro-batches per optimizer step, so the advice keeps the examples per step.
+    """
+    found: list[tuple[str, tuple[int, ...], str]] = []
+    _leaves(batch, "", found)
+    _Seen.shapes = found
+    _Seen.batch_size = next((shape[0] for _, shape, _ in found if shape), None)
+    _Seen.accumulation = max(1, int(accumulation))
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is an allocation failure: CUDA's (and other accelerators') or CPU's."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    return isinstance(error, RuntimeError) and "can't allocate memory" in str(error)
+
+
+def _gib(size: float) -> str:
+    return f"{size / 2**30:.1f} GiB"
+
+
+def _device_and_peak(error: BaseException) -> tuple[str, str]:
+    if isinstance(error, torch.OutOfMemoryError) and torch.cuda.is_available() and torch.cuda.is_initialized():
+        index = torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).total_memory
+        return f"cuda:{index}", f"peak {_gib(torch.cuda.max_memory_reserved(index))} reserved of {_gib(total)}"
+    # ru_maxrss is KiB on Linux, bytes on macOS.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return "cpu", f"peak {_gib(peak)} resident"
+    return "cpu", f"peak {_gib(peak)} resident of {_gib(total)}"
+
+
+def _batch_text() -> str:
+    if not _Seen.shapes:
+        return ""
+    parts = [
+        f"{name + ': ' if name else ''}{'x'.join(map(str, shape)) or 'scalar'} {dtype}"
+        for name, shape, dtype in _Seen.shapes
+    ]
+    return " with batch {" + ", ".join(parts) + "}"
+
+
+def _advice() -> str:
+    size, steps = _Seen.batch_size, _Seen.accumulation
+    ways = []
+    if size is not None and size > 1:
+        ways.append(
+            f"a batch of {size // 2} with gradient_accumulation_steps={steps * 2} "
+            f"(the same {size * steps} examples per optimizer step)"
+            if size % 2 == 0
+            else f"a smaller batch than {size} with more gradient_accumulation_steps"
+        )
+    ways += ["activation checkpointing", "the settings `x-estimate MODEL --plan` finds"]
+    return "try " + ", ".join(ways[:-1]) + ", or " + ways[-1]
+
+
+def _write_traceback(
+    rank: int, kind: type[BaseException], error: BaseException, tb: TracebackType | None
+) -> Path | None:
+    folder = Path(tempfile.gettempdir()) / "x-oom"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"rank{rank}-{os.getpid()}.log"
+        path.write_text("".join(traceback.format_exception(kind, error, tb)))
+    except OSError:
+        return None
+    return path
+
+
+def describe_out_of_memory(rank: int, kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> str:
+    """The one line for an allocation failure; writes its traceback to a log file it names."""
+    device, peak = _device_and_peak(error)
+    logged = _write_traceback(rank, kind, error, tb)
+    where = f"traceback in {logged}" if logged else f"the traceback is shown with {env.DEBUG_MODE.name}=1"
+    return f"out of memory on rank {rank} ({device}){_batch_text()}: {peak}; {_advice()}; {where}"
