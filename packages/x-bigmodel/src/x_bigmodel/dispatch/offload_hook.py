@@ -23,7 +23,7 @@ from torch import nn
 from x_bigmodel.devices.device_moves import send_to_device
 from x_bigmodel.devices.tensor_placement import as_device
 from x_bigmodel.dispatch.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
-from x_bigmodel.dispatch.whole_model import _default_accelerator
+from x_bigmodel.dispatch.whole_model import default_accelerator
 
 __all__ = ["CpuOffload", "UserCpuOffloadHook", "cpu_offload_with_hook"]
 
@@ -62,7 +62,7 @@ class CpuOffload(ModelHook):
         prev_module_hook: UserCpuOffloadHook | None = None,
     ) -> None:
         self.prev_module_hook = prev_module_hook
-        self.execution_device = as_device(execution_device) if execution_device is not None else _default_accelerator()
+        self.execution_device = as_device(execution_device) if execution_device is not None else default_accelerator()
 
     def init_hook(self, module: nn.Module) -> nn.Module:
         return module.to(_CPU)

@@ -17,7 +17,7 @@ from x_bigmodel.dispatch.tensor_sources import named_tensors
 from x_bigmodel.planning.device_plan import check_device_map
 from x_bigmodel.planning.model_units import model_units
 
-__all__ = ["cpu_offload", "disk_offload"]
+__all__ = ["cpu_offload", "default_accelerator", "disk_offload"]
 
 
 def cpu_offload(
@@ -82,7 +82,7 @@ def _offload_whole(
     # Every unit (no-split/preload class module, leaf, or tensor of a split module) gets its own
     # entry, so a forward holds one unit's weights at a time.
     classes = set(getattr(model, "_no_split_modules", None) or ()) | set(preload_module_classes or ())
-    device = as_device(execution_device) if execution_device is not None else _default_accelerator()
+    device = as_device(execution_device) if execution_device is not None else default_accelerator()
     device_map = {unit.name: where for unit in model_units(model, classes)}
     for name, _ in named_tensors(model):  # a module registered under a second name (self.b = self.a)
         if not any(name == k or name.startswith(f"{k}.") or k == "" for k in device_map):
@@ -98,6 +98,7 @@ def _offload_whole(
     )
 
 
-def _default_accelerator() -> torch.device:
+def default_accelerator() -> torch.device:
+    """Where offloaded weights run when no execution device is given: the first accelerator, else the CPU."""
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     return torch.device(accelerator.type, 0) if accelerator is not None else torch.device("cpu")

@@ -13,7 +13,7 @@ import torch
 
 from x_estimate.model.config_checks import check_config, suspicious_sizes
 from x_estimate.model.errors import EstimateError
-from x_estimate.model.source import _TIMM_INSTALL, ModelSource, _timm_module, hub_reachable
+from x_estimate.model.source import TIMM_INSTALL, ModelSource, hub_reachable, timm_module
 
 __all__ = ["Skeleton", "build_skeleton"]
 
@@ -42,9 +42,9 @@ def build_skeleton(source: ModelSource, *, base_model: bool = False, trust_remot
 
 
 def _timm(source: ModelSource) -> Skeleton:
-    timm = _timm_module()
+    timm = timm_module()
     if timm is None:
-        raise EstimateError(_TIMM_INSTALL)
+        raise EstimateError(TIMM_INSTALL)
     name = source.timm_name or ""
     kwargs: dict[str, Any] = {}
     if source.config is not None:

@@ -16,10 +16,10 @@ from typing import Any
 
 from x_estimate.model.errors import EstimateError
 
-__all__ = ["LIBRARIES", "ModelSource", "resolve_source"]
+__all__ = ["LIBRARIES", "TIMM_INSTALL", "ModelSource", "resolve_source", "timm_module"]
 
 LIBRARIES = ("transformers", "timm")
-_TIMM_INSTALL = 'timm is not installed: pip install "x-estimate[timm]"'
+TIMM_INSTALL = 'timm is not installed: pip install "x-estimate[timm]"'
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def _resolve(model: str, library: str | None, token: str | None) -> ModelSource:
         missing = _missing_local_folder(model)
         if missing is not None:
             raise EstimateError(missing) from None
-        if "/" in model or library is not None or _timm_module() is not None:
+        if "/" in model or library is not None or timm_module() is not None:
             raise
         # A bare name may be a timm model that we could not recognise without timm.
         raise EstimateError(f'{exc} (if {model} is a timm model: pip install "x-estimate[timm]")') from None
@@ -122,7 +122,7 @@ def _local(model: str, path: Path, library: str | None) -> ModelSource:
     return _from_config_file(model, library, config_path, "local folder")
 
 
-def _timm_module() -> Any:
+def timm_module() -> Any:
     """timm, or None when it is not installed (checked without importing it first)."""
     try:
         if importlib.util.find_spec("timm") is None:
@@ -142,14 +142,14 @@ def _is_timm_name(model: str) -> bool:
         installed = False
     if not installed:
         return model.startswith("timm/")
-    timm = _timm_module()
+    timm = timm_module()
     return timm is not None and timm.is_model(model.removeprefix("timm/"))
 
 
 def _timm(model: str) -> ModelSource:
-    timm = _timm_module()
+    timm = timm_module()
     if timm is None:
-        raise EstimateError(_TIMM_INSTALL)
+        raise EstimateError(TIMM_INSTALL)
 
     name = model.removeprefix("hf-hub:")
     bare = name.removeprefix("timm/")

@@ -11,7 +11,7 @@ import logging
 import numbers
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["GeneralTracker"]
+__all__ = ["GeneralTracker", "missing_attributes"]
 
 _log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class GeneralTracker:
 
     def __init__(self, _blank: bool = False):
         if not _blank:
-            missing = _missing_attributes(self)
+            missing = missing_attributes(self)
             if missing:
                 raise NotImplementedError(
                     f"{type(self).__name__} is missing required tracker attributes: {', '.join(missing)}; "
@@ -74,7 +74,8 @@ class GeneralTracker:
         """Flush and close the run."""
 
 
-def _missing_attributes(tracker: object) -> list[str]:
+def missing_attributes(tracker: object) -> list[str]:
+    """The attributes a custom tracker lacks that x needs (named for the error message)."""
     missing = [f"`{attr}`" for attr in ("name", "requires_logging_directory") if not hasattr(tracker, attr)]
     # dir() rather than hasattr(): `tracker` is usually a property that may fail before start().
     if "tracker" not in dir(tracker):

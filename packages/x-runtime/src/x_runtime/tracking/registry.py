@@ -25,7 +25,7 @@ from enum import Enum
 from typing import Any
 
 from x_runtime.tracking.aim import AimTracker
-from x_runtime.tracking.base import GeneralTracker, _missing_attributes
+from x_runtime.tracking.base import GeneralTracker, missing_attributes
 from x_runtime.tracking.clearml import ClearMLTracker
 from x_runtime.tracking.comet_ml import CometMLTracker
 from x_runtime.tracking.dvclive import DVCLiveTracker
@@ -208,7 +208,7 @@ def filter_trackers(
     selected: list[LoggerType | str | GeneralTracker] = []
     for entry in entries:
         if isinstance(entry, GeneralTracker):
-            missing = _missing_attributes(entry)
+            missing = missing_attributes(entry)
             if missing:
                 raise TypeError(f"custom tracker {entry!r} lacks {', '.join(missing)}")
             if not any(entry is chosen for chosen in selected):
