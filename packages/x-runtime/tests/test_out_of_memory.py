@@ -77,15 +77,17 @@ def test_the_debug_setting_shows_the_traceback_instead(tmp_path: Path) -> None:
     assert not (tmp_path / "x-oom").exists()
 
 
-def test_each_rank_that_runs_out_says_so_in_one_line(tmp_path: Path, launch) -> None:
+def test_a_rank_that_runs_out_says_so_in_one_line_under_torchrun(tmp_path: Path, launch) -> None:
     script = tmp_path / "greedy.py"
     script.write_text(SCRIPT)
     done = launch(script, 2, "1", env={"TMPDIR": str(tmp_path)}, check=False)
     assert done.returncode != 0
-    said = sorted(line for line in done.stderr.splitlines() if "error: out of memory" in line)
-    assert len(said) == 2 and all(LINE.search(line.split("]:", 1)[-1]) for line in said), done.stderr
+    said = [LINE.search(line) for line in done.stderr.splitlines() if "error: out of memory" in line]
+    # torchrun stops the other rank once one has exited: the second line may never be printed.
+    assert 1 <= len(said) <= 2 and all(said), done.stderr
     assert "Traceback" not in "\n".join(line for line in done.stderr.splitlines() if line.startswith("[rank"))
-    assert sorted(p.name.split("-")[0] for p in (tmp_path / "x-oom").iterdir()) == ["rank0", "rank1"]
+    logs = {p.name.split("-")[0] for p in (tmp_path / "x-oom").iterdir()}
+    assert {f"rank{found.group(1)}" for found in said if found} <= logs
 
 
 GPU_SCRIPT = """
