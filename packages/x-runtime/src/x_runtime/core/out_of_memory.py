@@ -88,6 +88,10 @@ def _device_and_peak(error: BaseException) -> tuple[str, str]:
         index = torch.cuda.current_device()
         total = torch.cuda.get_device_properties(index).total_memory
         return f"cuda:{index}", f"peak {_gib(torch.cuda.max_memory_reserved(index))} reserved of {_gib(total)}"
+    if isinstance(error, torch.OutOfMemoryError) and torch.accelerator.is_available():
+        kind = torch.accelerator.current_accelerator()
+        if kind is not None and kind.type != "cuda":  # XPU, MPS: no peak x reads there yet
+            return kind.type, f"no peak figure on {kind.type}"
     # ru_maxrss is KiB on Linux, bytes on macOS.
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
     try:
