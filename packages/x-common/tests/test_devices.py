@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from x_common._nvml import nvml_memory
 from x_common.devices import BACKENDS, Device, available_backends, device_count, list_devices
 from x_common.host_memory import host_memory
+from x_common.nvml import nvml_memory
 
 UNKNOWN = "expected one of cuda, xpu, mps, xla, cpu"
 
@@ -161,7 +161,7 @@ def test_nvml_finds_every_cuda_device_when_present() -> None:
 def test_nvml_compute_capabilities_match_torchs() -> None:
     import torch
 
-    from x_common._nvml import nvml_compute_capabilities
+    from x_common.nvml import nvml_compute_capabilities
 
     visible = sorted(torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count()))
     found = nvml_compute_capabilities()
@@ -170,7 +170,7 @@ def test_nvml_compute_capabilities_match_torchs() -> None:
 
 
 def test_nvml_compute_capabilities_is_empty_without_nvidia_gpus() -> None:
-    from x_common._nvml import nvml_compute_capabilities
+    from x_common.nvml import nvml_compute_capabilities
 
     if device_count("cuda") == 0:
         assert nvml_compute_capabilities() == []

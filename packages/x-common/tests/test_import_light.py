@@ -14,7 +14,7 @@ SRC = str(Path(x_common.__file__).resolve().parents[1])
 
 EXPECTED_MODULES = {
     "x_common.kinds",
-    "x_common._nvml",
+    "x_common.nvml",
     "x_common._version",
     "x_common.devices",
     "x_common.dtypes",

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from x_common import env
-from x_common._nvml import nvml_compute_capabilities, nvml_memory
 from x_common.host_memory import host_memory
+from x_common.nvml import nvml_compute_capabilities, nvml_memory
 
 # nvml_compute_capabilities: (major, minor) of every NVIDIA GPU, without torch; x-launch refuses
 # bf16 on GPUs that predate it before starting anything.

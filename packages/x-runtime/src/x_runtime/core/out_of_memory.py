@@ -40,7 +40,6 @@ class _Seen:
     """What the last batch looked like, and the run's accumulation (for the advice)."""
 
     shapes: ClassVar[list[tuple[str, tuple[int, ...], str]]] = []
-    batch_size: ClassVar[int | None] = None
     accumulation: ClassVar[int] = 1
 
 
@@ -68,7 +67,6 @@ def note_batch(batch: Any, accumulation: int = 1) -> None:
     found: list[tuple[str, tuple[int, ...], str]] = []
     _leaves(batch, "", found)
     _Seen.shapes = found
-    _Seen.batch_size = next((shape[0] for _, shape, _ in found if shape), None)
     _Seen.accumulation = max(1, int(accumulation))
 
 
@@ -112,7 +110,9 @@ def _batch_text() -> str:
 
 
 def _advice() -> str:
-    size, steps = _Seen.batch_size, _Seen.accumulation
+    # The batch size as core.nested.find_batch_size reads it: the first tensor's first dimension.
+    size = next((shape[0] for _, shape, _ in _Seen.shapes if shape), None)
+    steps = _Seen.accumulation
     ways = []
     if size is not None and size > 1:
         ways.append(
