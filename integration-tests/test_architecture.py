@@ -46,6 +46,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "data",
         "precision",
         "optim",
+        "memory",  # the memory guard: a step's measured peak beside x-estimate's plan
         "strategies",
         "checkpoint",
         "tracking",

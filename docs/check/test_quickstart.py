@@ -54,7 +54,7 @@ COMMANDS = console_blocks(TEXT)
 
 
 def test_the_page_shows_each_step() -> None:
-    assert set(FILES) == {"train.py", "big.py"}
+    assert set(FILES) == {"train.py", "big.py", "tune.py"}
     assert [command.split()[0] for command, _ in COMMANDS] == ["python", "x-launch", "x-estimate", "python"]
 
 
@@ -81,3 +81,30 @@ def test_command_prints_what_the_page_shows(command: str, expected: str, tmp_pat
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     assert same_modulo_numbers(done.stdout, expected), f"page shows:\n{expected}\nthe command printed:\n{done.stdout}"
+
+
+def test_tune_prints_the_guard_lines_the_page_shows(tmp_path: Path) -> None:
+    """The memory guard's section: ``tune.py`` under the page's budget says the page's two lines.
+
+    The step measured is the first after the simulation's answer, which moves with the machine's
+    load, and the process's resident size with its libraries: both are set aside; every other
+    figure is compared as the commands' are.
+    """
+    missing = [m for m in ("x_runtime", "x_estimate", "transformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{', '.join(missing)} not installed here")
+    shown = re.search(r"```text\n\$ X_MEMORY_BUDGET=2GiB python tune\.py\n(.*?)```", TEXT, re.S)
+    assert shown, "the page's guard section lost its run"
+    (tmp_path / "tune.py").write_text(FILES["tune.py"], encoding="utf-8")
+    env = {**os.environ, "X_MEMORY_BUDGET": "2GiB", "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "tune.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+    def comparable(text: str) -> str:
+        text = re.sub(r"step \d+:", "step N:", text)
+        return re.sub(r"process resident [\d.]+ \w+", "process resident R", text)
+
+    said = "".join(line + "\n" for line in done.stderr.splitlines() if line.startswith("x: "))
+    assert same_modulo_numbers(comparable(said), comparable(shown.group(1))), f"the run said:\n{said}"

@@ -80,7 +80,9 @@ def module_env_vars() -> dict[str, EnvVar]:
 
 def test_contract_names_are_prefixed_and_unique() -> None:
     names = [var.name for var in CONTRACT]
-    assert len(names) == 41  # + X_FAILURE_REPORT, X_TORCH_DEVICE, X_PROGRESS_DIR, X_PROVIDE_ACCELERATE
+    assert (
+        len(names) == 43
+    )  # + X_FAILURE_REPORT, X_TORCH_DEVICE, X_PROGRESS_DIR, X_PROVIDE_ACCELERATE, X_MEMORY_GUARD, X_MEMORY_BUDGET
     assert len(set(names)) == len(names)
     for name in names:
         assert re.fullmatch(r"X_[A-Z][A-Z0-9_]*", name), name

@@ -143,6 +143,15 @@ TORCH_DEVICE = _var("TORCH_DEVICE", Str(), None, "the torch device each process 
 GRADIENT_ACCUMULATION_STEPS = _var("GRADIENT_ACCUMULATION_STEPS", Int(minimum=1), 1, "micro-batches per optimizer step")
 PROCESS_GROUP_TIMEOUT = _var("PROCESS_GROUP_TIMEOUT", Int(minimum=1), 1800, "seconds a collective may wait")
 DEBUG_MODE = _var("DEBUG_MODE", Bool(), False, "check shapes agree across ranks before each collective")
+MEMORY_GUARD = _var(
+    "MEMORY_GUARD",
+    Bool(),
+    True,
+    "compare step 2's memory peak with x-estimate's plan and warn before a batch too large",
+)
+MEMORY_BUDGET = _var(
+    "MEMORY_BUDGET", Str(), None, "memory per device the guard plans against (20GiB); unset: the device's"
+)
 DYNAMO_BACKEND = _var("DYNAMO_BACKEND", Choice(DYNAMO_BACKENDS), "no", "torch.compile backend")
 DYNAMO_MODE = _var("DYNAMO_MODE", Choice(DYNAMO_MODES), "default", "torch.compile mode")
 DYNAMO_FULLGRAPH = _var("DYNAMO_FULLGRAPH", Bool(), False, "torch.compile(fullgraph=True)")

@@ -15,7 +15,7 @@ from x_estimate.model.config_checks import check_config, suspicious_sizes
 from x_estimate.model.errors import EstimateError
 from x_estimate.model.source import TIMM_INSTALL, ModelSource, hub_reachable, timm_module
 
-__all__ = ["Skeleton", "build_skeleton"]
+__all__ = ["Skeleton", "build_skeleton", "model_of_class"]
 
 
 @dataclass
@@ -39,6 +39,30 @@ def build_skeleton(source: ModelSource, *, base_model: bool = False, trust_remot
     if source.library == "timm":
         return _timm(source)
     return _transformers(source, base_model=base_model, trust_remote_code=trust_remote_code)
+
+
+def model_of_class(class_name: str, config: dict[str, Any]) -> torch.nn.Module:
+    """transformers' ``class_name`` built on the meta device from ``config`` (its ``to_dict()``).
+
+    For a running script whose model class is known (the runtime's memory guard), where
+    ``build_skeleton`` starts from a file or a Hub id.
+
+    Raises:
+        EstimateError: transformers has no such class, or cannot build it from ``config``.
+    """
+    import transformers
+
+    cls = getattr(transformers, class_name, None)
+    config_class = getattr(cls, "config_class", None)
+    if cls is None or config_class is None:
+        raise EstimateError(f"transformers {transformers.__version__} has no model class {class_name}")
+    try:
+        built = config_class.from_dict(dict(config))
+        model = _instantiate(cls, built, trust_remote_code=False)
+    except Exception as exc:
+        raise EstimateError(f"transformers cannot build {class_name} from its config: {_one_line(exc)}") from None
+    _tie(model, built)
+    return model
 
 
 def _timm(source: ModelSource) -> Skeleton:

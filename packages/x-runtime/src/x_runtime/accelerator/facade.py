@@ -20,6 +20,7 @@ from x_common import env
 from x_runtime.accelerator.checkpoints import CheckpointMethods
 from x_runtime.accelerator.ddp import DDPMethods
 from x_runtime.accelerator.forward import Forward
+from x_runtime.accelerator.memory import memory_guard_options
 from x_runtime.accelerator.parallelism import check_parallelism
 from x_runtime.accelerator.preemption import PreemptionMethods
 from x_runtime.accelerator.prepare import PrepareMethods
@@ -148,7 +149,9 @@ class Accelerator(
             )
             # A missing checkpoint folder ends the script in one line (once per job), not a traceback per
             # rank; installed before the group is joined, whose hook wraps it.
-            install_one_line_hook(traceback=settings.get(env.DEBUG_MODE))
+            install_one_line_hook(
+                traceback=settings.get(env.DEBUG_MODE), ranks_on_host=settings.get(env.LOCAL_WORLD_SIZE) or 1
+            )
             process = choice.join(cpu=cpu)
             self.process_state = process
             open_progress(process.rank, settings.environ)  # under x-launch: the stall watchdog's record and stack dump
@@ -187,6 +190,15 @@ class Accelerator(
             if dynamo_plugin is not None and dynamo_backend is not None:
                 raise ValueError("pass dynamo_backend or dynamo_plugin, not both")
             self.dynamo_plugin = dynamo_plugin or TorchDynamoPlugin(backend=dynamo_backend)
+            self._memory_options = memory_guard_options(
+                settings,
+                process=process,
+                precision=self.precision.mode,
+                kind=choice.kind,
+                accumulation=self.gradient_state.num_steps,
+                compiled=self.dynamo_plugin.enabled,
+            )
+            self._memory_guard = None
             # Accelerate's AcceleratorState, as a view over this accelerator's own process state. Its plugin is the
             # one in effect, also when the launcher chose the strategy (transformers' Trainer reads it to pick
             # its checkpoint paths); and, as Accelerate does, the process says so in Accelerate's variables,
@@ -258,6 +270,9 @@ class Accelerator(
         from x_runtime.core.memory import release_memory
 
         self._prepared.clear()
+        if self._memory_guard is not None:  # it holds the model and optimizer it watched
+            self._memory_guard.close()
+            self._memory_guard = None
         self.step = 0
         return release_memory(*objects)
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from x_runtime.core.configs import DataLoaderConfiguration, Handlers, ProjectConfiguration
     from x_runtime.core.parallelism import ParallelismConfig
     from x_runtime.data.gradient_state import GradientState
+    from x_runtime.memory.guard import GuardOptions, MemoryGuard
     from x_runtime.precision.dynamo import TorchDynamoPlugin
     from x_runtime.precision.policy import Precision
     from x_runtime.process.topology.state import ProcessState
@@ -50,4 +51,6 @@ class AcceleratorFields:
     _prepared: PreparedObjects
     _save_state_hooks: OrderedDict[int, Callable[..., Any]]  # register_save_state_pre_hook's, by handle id
     _load_state_hooks: OrderedDict[int, Callable[..., Any]]
+    _memory_options: GuardOptions | None  # the memory guard's, read from the settings; None: off
+    _memory_guard: MemoryGuard | None  # attached once a model and an optimizer are prepared
     _trigger: bool  # set_trigger() on this rank since the last check_trigger()

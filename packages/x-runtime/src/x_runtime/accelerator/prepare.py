@@ -13,6 +13,7 @@ import torch
 
 from x_runtime.accelerator.extract import extract_model_from_parallel
 from x_runtime.accelerator.fields import AcceleratorFields
+from x_runtime.accelerator.memory import attach_memory_guard
 from x_runtime.accelerator.prepared import is_scheduler, kind_order
 from x_runtime.accelerator.quantized import check_quantized_placement
 from x_runtime.core.unwrap import unwrap_model
@@ -119,6 +120,7 @@ class PrepareMethods(AcceleratorFields):
         self.precision.wrap_forward(model)
         wrapped = compile_model(self.strategy.wrap_model(model, train=not evaluation_mode), self.dynamo_plugin)
         self._prepared.models.append(wrapped)
+        self._watch_memory()
         return wrapped
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> Any:
@@ -134,7 +136,14 @@ class PrepareMethods(AcceleratorFields):
             after_step=self.strategy.after_step,
         )
         self._prepared.optimizers.append(prepared)
+        self._watch_memory()
         return prepared
+
+    def _watch_memory(self) -> None:
+        if self._memory_guard is None:
+            self._memory_guard = attach_memory_guard(
+                self._memory_options, self._prepared.models, self._prepared.optimizers
+            )
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         inner = getattr(scheduler, "optimizer", None)

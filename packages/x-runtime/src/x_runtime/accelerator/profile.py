@@ -37,6 +37,8 @@ class ProfileMethods(AcceleratorFields):
             'profile'
         """
         handler = profile_handler or self.handlers.profile or ProfileKwargs()
+        if self._memory_guard is not None:
+            self._memory_guard.yield_profiler()  # torch runs one profiler at a time: the user's wins
         with handler.build() as profiler:
             yield profiler
         if handler.output_trace_dir is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from types import TracebackType
 
-from x_runtime.core.out_of_memory import describe_out_of_memory, is_out_of_memory
+from x_runtime.core.out_of_memory import describe_out_of_memory, first_on_host, is_out_of_memory
 
 __all__ = [
     "CheckpointNotFoundError",
@@ -52,10 +52,11 @@ class FailedElsewhereError(OneLineError, RuntimeError):
 
 
 class _Hook:
-    def __init__(self, rank: int, traceback: bool, previous: object) -> None:
+    def __init__(self, rank: int, traceback: bool, previous: object, ranks_on_host: int = 1) -> None:
         self.rank = rank
         self.traceback = traceback
         self.previous = previous
+        self.ranks_on_host = ranks_on_host
 
     def __call__(self, kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         if isinstance(value, OneLineError) and not self.traceback:
@@ -64,8 +65,11 @@ class _Hook:
                 sys.stderr.flush()
             return
         if not self.traceback and is_out_of_memory(value):
-            sys.stderr.write(f"error: {describe_out_of_memory(self.rank, kind, value, tb)}\n")
-            sys.stderr.flush()
+            line = describe_out_of_memory(self.rank, kind, value, tb)
+            # Ranks one agent started run out together: the first speaks, the others log their tracebacks.
+            if self.ranks_on_host <= 1 or first_on_host():
+                sys.stderr.write(f"error: {line}\n")
+                sys.stderr.flush()
             return
         self.previous(kind, value, tb)  # type: ignore[operator]
 
@@ -73,7 +77,7 @@ class _Hook:
 _INSTALLED: list[_Hook] = []  # the process's hook, once installed (torch may wrap it afterwards)
 
 
-def install_one_line_hook(*, traceback: bool) -> bool:
+def install_one_line_hook(*, traceback: bool, ranks_on_host: int = 1) -> bool:
     """Print ``OneLineError``s as one line at exit; return whether the hook is in place.
 
     Call it before the process group is joined: torch's ``init_process_group`` wraps the hook it
@@ -82,13 +86,16 @@ def install_one_line_hook(*, traceback: bool) -> bool:
 
     Args:
         traceback: print the full traceback instead (the run's debug setting).
+        ranks_on_host: ranks the launcher started beside this one (``LOCAL_WORLD_SIZE``): with
+            several, an out-of-memory line is said by the first of them to run out.
     """
     if _INSTALLED:
         _INSTALLED[0].traceback = traceback
+        _INSTALLED[0].ranks_on_host = ranks_on_host
         return True
     if sys.excepthook is not sys.__excepthook__:
         return False
-    hook = _Hook(0, traceback, sys.excepthook)
+    hook = _Hook(0, traceback, sys.excepthook, ranks_on_host)
     sys.excepthook = hook
     _INSTALLED.append(hook)
     return True

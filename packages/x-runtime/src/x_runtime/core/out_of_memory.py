@@ -21,6 +21,7 @@ import os
 import resource
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,7 +32,7 @@ import torch
 
 from x_common import env
 
-__all__ = ["describe_out_of_memory", "is_out_of_memory", "note_batch"]
+__all__ = ["describe_out_of_memory", "first_on_host", "is_out_of_memory", "note_batch", "note_planned_peak"]
 
 _MAX_LEAVES = 6
 
@@ -41,6 +42,7 @@ class _Seen:
 
     shapes: ClassVar[list[tuple[str, tuple[int, ...], str]]] = []
     accumulation: ClassVar[int] = 1
+    planned: ClassVar[int | None] = None  # the memory guard's planned peak for the batch running
 
 
 def _leaves(batch: Any, name: str, found: list[tuple[str, tuple[int, ...], str]]) -> None:
@@ -68,6 +70,11 @@ def note_batch(batch: Any, accumulation: int = 1) -> None:
     _leaves(batch, "", found)
     _Seen.shapes = found
     _Seen.accumulation = max(1, int(accumulation))
+
+
+def note_planned_peak(nbytes: int | None) -> None:
+    """Remember x-estimate's planned peak for the batch now running (the memory guard's), for the line."""
+    _Seen.planned = nbytes
 
 
 def is_out_of_memory(error: BaseException) -> bool:
@@ -125,10 +132,51 @@ def _advice() -> str:
     return "try " + ", ".join(ways[:-1]) + ", or " + ways[-1]
 
 
+_SAME_FAILURE_SECONDS = 60  # ranks of one agent that run out within this long are one failure
+
+
+def _oom_folder() -> Path:
+    return Path(tempfile.gettempdir()) / "x-oom"
+
+
+def _agent_key() -> str:
+    """The process that started this rank (torchrun's agent, srun's step daemon), with its start time."""
+    parent = os.getppid()
+    try:
+        started = Path(f"/proc/{parent}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        started = "0"
+    return f"{parent}-{started}"
+
+
+def first_on_host() -> bool:
+    """Whether this rank is the first of its agent's ranks to run out of memory (its line is the group's).
+
+    Ranks started together run out together (the same batch shapes, the same model): eight lines
+    saying one thing bury it. The first rank to create the agent's marker speaks; a marker older
+    than a minute is an earlier failure (an elastic restart), and this one speaks again.
+    """
+    marker = _oom_folder() / f"agent-{_agent_key()}"
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - marker.stat().st_mtime < _SAME_FAILURE_SECONDS:
+                return False
+            os.utime(marker)
+        except OSError:
+            pass
+        return True
+    except OSError:
+        return True
+
+
 def _write_traceback(
     rank: int, kind: type[BaseException], error: BaseException, tb: TracebackType | None
 ) -> Path | None:
-    folder = Path(tempfile.gettempdir()) / "x-oom"
+    folder = _oom_folder()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         path = folder / f"rank{rank}-{os.getpid()}.log"
@@ -141,6 +189,8 @@ def _write_traceback(
 def describe_out_of_memory(rank: int, kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> str:
     """The one line for an allocation failure; writes its traceback to a log file it names."""
     device, peak = _device_and_peak(error)
+    if _Seen.planned is not None:
+        peak += f" (planned {_gib(_Seen.planned)} for the batch)"
     logged = _write_traceback(rank, kind, error, tb)
     where = f"traceback in {logged}" if logged else f"the traceback is shown with {env.DEBUG_MODE.name}=1"
     return f"out of memory on rank {rank} ({device}){_batch_text()}: {peak}; {_advice()}; {where}"
