@@ -86,9 +86,10 @@ def test_command_prints_what_the_page_shows(command: str, expected: str, tmp_pat
 def test_tune_prints_the_guard_lines_the_page_shows(tmp_path: Path) -> None:
     """The memory guard's section: ``tune.py`` under the page's budget says the page's two lines.
 
-    The step measured is the first after the simulation's answer, which moves with the machine's
-    load, and the process's resident size with its libraries: both are set aside; every other
-    figure is compared as the commands' are.
+    The warning is compared as the commands' output is. The memory line is the first step after
+    the simulation's answer, which moves with the machine's load (on a busy machine it comes after
+    the longer batches began, and measures one of them): it must have the page's form and hold the
+    plan within x-estimate's 3%, whichever step it measured.
     """
     missing = [m for m in ("x_runtime", "x_estimate", "transformers") if importlib.util.find_spec(m) is None]
     if missing:
@@ -101,10 +102,14 @@ def test_tune_prints_the_guard_lines_the_page_shows(tmp_path: Path) -> None:
         [sys.executable, "tune.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-2000:]
-
-    def comparable(text: str) -> str:
-        text = re.sub(r"step \d+:", "step N:", text)
-        return re.sub(r"process resident [\d.]+ \w+", "process resident R", text)
-
-    said = "".join(line + "\n" for line in done.stderr.splitlines() if line.startswith("x: "))
-    assert same_modulo_numbers(comparable(said), comparable(shown.group(1))), f"the run said:\n{said}"
+    said = [line for line in done.stderr.splitlines() if line.startswith("x: ")]
+    page = shown.group(1).splitlines()
+    warnings = [line for line in said if line.startswith("x: warning:")]
+    assert len(warnings) == 1 and same_modulo_numbers(warnings[0], page[1]), f"the run said:\n{said}"
+    memory = [line for line in said if line.startswith("x: memory of step ")]
+    form = re.compile(
+        r"x: memory of step \d+: peak ([\d.]+ \w+) allocated \(process resident [\d.]+ \w+\), "
+        r"planned ([\d.]+ \w+) \(\+0\.0%\), within x-estimate's 3%"
+    )
+    assert len(memory) == 1 and form.fullmatch(memory[0]) and form.fullmatch(page[0]), f"the run said:\n{said}"
+    assert memory[0].split(": peak ")[1].split(" allocated")[0] in ("809.88 MiB", "2.51 GiB")  # 8 x 128 or 8 x 512
