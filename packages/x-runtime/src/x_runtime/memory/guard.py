@@ -35,13 +35,14 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from x_common import env
+from x_common.host_memory import host_memory
 from x_common.sizes import format_size
+from x_runtime.core.nested import flatten_tensors
 from x_runtime.core.out_of_memory import note_batch, note_planned_peak
 from x_runtime.memory.measure import MeasuredPeak, StepMeasurement, storage_bytes
 from x_runtime.memory.simulation import PlannedStep, Simulations, StepRequest, step_request
@@ -82,27 +83,6 @@ def batch_shape(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     if found.is_floating_point():  # pixel values: the size comes from the config
         return int(found.shape[0]), 1
     return int(found.shape[0]), int(found.shape[1]) if found.dim() > 1 else 1
-
-
-def _tensors_in(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors_in(item)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors_in(item)
-
-
-def _available_cpu_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def _percent(measured: int, planned: int) -> float:
@@ -243,7 +223,7 @@ class MemoryGuard:
                 # step is simulated too, and the line compares with the plan of the loop that ran.
                 self._dropping = self._simulations.submit(self._request.at(*shape, free_outputs=True))
             measurement = StepMeasurement(self.options.device)
-            alive = [*self._state_tensors(), *_tensors_in(args), *_tensors_in(kwargs)]
+            alive = [*self._state_tensors(), *flatten_tensors(args), *flatten_tensors(kwargs)]
             if measurement.start(alive):  # else another profiler runs: a later step is measured
                 self._measurement, self._stage = measurement, "measuring"
         elif (
@@ -446,7 +426,7 @@ class MemoryGuard:
             free, total = torch.cuda.mem_get_info(device)
             others = total - free - torch.cuda.memory_reserved(device)  # the context, other processes
             return int(total - others)
-        available = _available_cpu_bytes()
+        available = host_memory().available  # MemAvailable, under the cgroup limit where there is one
         # What the process holds now (weights, state) stays: the step's growth must fit what is free.
         return None if available is None else available + plan.steady
 
@@ -471,13 +451,3 @@ class MemoryGuard:
         return (
             "no smaller batch nor activation checkpointing fits: see `x-estimate MODEL --plan` for sharding and offload"
         )
-
-
-@contextlib.contextmanager
-def guarding(guard: MemoryGuard | None) -> Iterator[None]:
-    """Close ``guard`` when the block ends (tests; the accelerator closes its own at exit)."""
-    try:
-        yield
-    finally:
-        if guard is not None:
-            guard.close()

@@ -70,16 +70,13 @@ def profiler_running() -> bool:
     return bool(torch._C._autograd._profiler_enabled())
 
 
-def _rss_bytes() -> tuple[int, int] | None:
-    """(VmRSS, VmHWM) of this process, in bytes; None off Linux."""
+def _resident_peak() -> int | None:
+    """This process's VmHWM in bytes (its resident size at its largest); None off Linux."""
     try:
-        text = Path("/proc/self/status").read_text()
+        found = re.search(r"^VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.MULTILINE)
     except OSError:
         return None
-    found = dict(re.findall(r"^(VmRSS|VmHWM):\s+(\d+) kB", text, re.MULTILINE))
-    if len(found) != 2:
-        return None
-    return int(found["VmRSS"]) * 1024, int(found["VmHWM"]) * 1024
+    return None if found is None else int(found.group(1)) * 1024
 
 
 def _reset_rss_peak() -> bool:
@@ -167,7 +164,7 @@ class StepMeasurement:
                 None,
                 self._baseline,
             )
-        rss = _rss_bytes()
+        resident = _resident_peak() if self._rss_reset else None
         with _stderr_without_profiler_noise():
             self._profiler.__exit__(None, None, None)
         events = [e for e in self._profiler.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -176,7 +173,6 @@ class StepMeasurement:
         for event in sorted(events, key=lambda e: e.start_ns()):
             live += event.nbytes()
             peak = max(peak, live)
-        resident = None if rss is None or not self._rss_reset else rss[1]
         return MeasuredPeak(str(self.device), self._baseline + peak, None, resident, self._baseline)
 
     def cancel(self) -> None:
