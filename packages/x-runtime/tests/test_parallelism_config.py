@@ -17,9 +17,11 @@ from x_runtime import (
     TorchContextParallelConfig,
     TorchTensorParallelConfig,
 )
-from x_runtime.accelerator.parallelism import check_parallelism
 from x_runtime.core import parallel_handlers
+from x_runtime.core.settings import Settings
 from x_runtime.process.topology.distributed_type import DistributedType
+from x_runtime.strategies.layout import Layout
+from x_runtime.strategies.select import StrategyChoice, decide
 
 
 @pytest.fixture(autouse=True)
@@ -31,8 +33,8 @@ def _no_parallelism_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def tp_ready(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tensor parallel configs check transformers' version; these tests are about the layout, not it."""
-    monkeypatch.setattr(parallel_handlers, "_installed_at_least", lambda package, version: True)
+    """Tensor parallel configs check torch's version; these tests are about the layout, not it."""
+    monkeypatch.setattr(parallel_handlers, "is_torch_version", lambda operation, version: True)
 
 
 # --- layout ----------------------------------------------------------------------------------
@@ -185,9 +187,13 @@ def test_sequence_parallel_handler(monkeypatch: pytest.MonkeyPatch) -> None:
     assert DeepSpeedSequenceParallelConfig().sp_seq_length == 4096
 
 
-def test_tensor_parallel_needs_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(parallel_handlers, "_installed_at_least", lambda package, version: False)
-    with pytest.raises(ValueError, match=r"^TP requires transformers >= 4\.52\.0$"):
+def test_tensor_parallel_takes_a_plan_and_needs_only_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = {"layers.*.up": "colwise", "layers.*.down": "rowwise"}
+    config = ParallelismConfig(tp_size=2, tp_handler=TorchTensorParallelConfig(plan=plan))
+    assert config.tp_handler is not None and config.tp_handler.plan == plan
+    assert ParallelismConfig(tp_size=2).tp_handler == TorchTensorParallelConfig()  # the model's own plan
+    monkeypatch.setattr(parallel_handlers, "is_torch_version", lambda operation, version: False)
+    with pytest.raises(ValueError, match=r"^tensor parallelism needs torch >= 2\.3\.0$"):
         ParallelismConfig(tp_size=2)
 
 
@@ -225,33 +231,80 @@ def test_accelerator_keeps_a_data_parallel_config() -> None:
     assert Accelerator(cpu=True).parallelism_config is None
 
 
-@pytest.mark.usefixtures("tp_ready")
-def test_accelerator_refuses_what_x_does_not_train() -> None:
-    with pytest.raises(ValueError, match=r"^parallelism_config: x trains data parallel layouts only .* not tp_size=2$"):
-        Accelerator(cpu=True, parallelism_config=ParallelismConfig(tp_size=2))
-    with pytest.raises(ValueError, match=r"total_size 2 .* does not match num_processes 1$"):
+def test_accelerator_refuses_a_layout_the_world_does_not_hold() -> None:
+    with pytest.raises(
+        ValueError, match=r"^parallelism_config: .*dp_shard_size=2 .* spans 2 processes but this run has 1; "
+    ):
         Accelerator(cpu=True, parallelism_config=ParallelismConfig(dp_shard_size=2))
-
-
-@pytest.mark.parametrize(
-    ("kind", "field"), [(DistributedType.MULTI_GPU, "dp_replicate_size"), (DistributedType.FSDP, "dp_shard_size")]
-)
-def test_an_all_ones_config_takes_every_rank_in_the_strategys_dimension(kind: DistributedType, field: str) -> None:
-    config = check_parallelism(ParallelismConfig(), num_processes=4, distributed_type=kind)
-    assert config is not None and getattr(config, field) == 4 and config.total_size == 4
-
-
-def test_fsdp_refuses_replicas_and_ddp_takes_any_data_parallel_split() -> None:
-    with pytest.raises(ValueError, match=r"HSDP \(dp_replicate_size=2 under FSDP\)"):
-        check_parallelism(
-            ParallelismConfig(dp_replicate_size=2, dp_shard_size=2),
-            num_processes=4,
-            distributed_type=DistributedType.FSDP,
-        )
-    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
-    assert check_parallelism(config, num_processes=4, distributed_type=DistributedType.MULTI_GPU) is config
     with pytest.raises(TypeError, match=r"^parallelism_config must be a ParallelismConfig, got dict$"):
-        check_parallelism({}, num_processes=1, distributed_type=DistributedType.NO)  # type: ignore[arg-type]
+        Accelerator(cpu=True, parallelism_config={})  # type: ignore[arg-type]
+
+
+def _decide(config: ParallelismConfig | None = None, **environ: str) -> StrategyChoice:
+    return decide(settings=Settings.of(environ), parallelism_config=config)
+
+
+@pytest.mark.usefixtures("tp_ready")
+@pytest.mark.parametrize(
+    ("sizes", "kind"),
+    [
+        ({}, None),  # all ones: replicas (DDP), filled in over the world by the layout
+        ({"dp_replicate_size": 4}, None),
+        ({"dp_shard_size": 4}, DistributedType.FSDP),
+        ({"dp_replicate_size": 2, "dp_shard_size": 2}, DistributedType.FSDP),  # HSDP
+        ({"tp_size": 4}, None),  # tensor parallel alone, no FSDP
+        ({"dp_shard_size": 2, "tp_size": 2}, DistributedType.FSDP),
+        ({"dp_replicate_size": 2, "dp_shard_size": 2, "tp_size": 2}, DistributedType.FSDP),
+    ],
+)
+def test_the_layout_picks_the_strategy(sizes: dict[str, int], kind: str | None) -> None:
+    choice = _decide(ParallelismConfig(**sizes))
+    assert choice.kind == kind and choice.parallelism is not None
+    assert choice.group.sharded == (kind is not None)
+
+
+@pytest.mark.usefixtures("tp_ready")
+def test_the_launchers_sizes_make_the_config_when_the_code_gives_none() -> None:
+    choice = _decide(
+        ACCELERATE_USE_PARALLELISM_CONFIG="true", PARALLELISM_CONFIG_DP_SHARD_SIZE="2", PARALLELISM_CONFIG_TP_SIZE="2"
+    )
+    assert choice.kind == DistributedType.FSDP
+    assert choice.parallelism is not None and (choice.parallelism.dp_shard_size, choice.parallelism.tp_size) == (2, 2)
+    # The sizes alone, without the switch, name no layout (as in Accelerate).
+    assert _decide(PARALLELISM_CONFIG_TP_SIZE="2").parallelism is None
+
+
+@pytest.mark.usefixtures("tp_ready")
+def test_layouts_x_does_not_train_are_one_line_naming_what_runs() -> None:
+    with pytest.raises(
+        ValueError,
+        match=r"^parallelism_config: x does not train sequence parallelism \(sp_size=2, DeepSpeed Ulysses\); for long sequences use cp_size on GPUs",
+    ):
+        _decide(ParallelismConfig(sp_size=2))
+    with pytest.raises(
+        ValueError,
+        match=r"^parallelism_config: DeepSpeed trains data parallel replicas only here \(got .*tp_size=2.*\); drop the DeepSpeed",
+    ):
+        _decide(ParallelismConfig(dp_shard_size=2, tp_size=2), X_DISTRIBUTED_TYPE="DEEPSPEED")
+    with pytest.raises(ValueError, match=r"^parallelism_config: FSDP shards over dp_shard_size, which is 1 "):
+        _decide(ParallelismConfig(dp_replicate_size=2), X_DISTRIBUTED_TYPE="FSDP")
+    # What accelerate launch writes for tensor parallel alone (it needs FSDP2 for any ParallelismConfig).
+    assert _decide(ParallelismConfig(tp_size=2), X_DISTRIBUTED_TYPE="FSDP").kind is None
+    config = ParallelismConfig(dp_shard_size=1, cp_size=2)
+    with pytest.raises(ValueError, match=r"^parallelism_config: context parallelism \(cp_size=2\) runs on GPUs only"):
+        Layout.build(config, rank=0, world_size=2, device_type="cpu")
+
+
+def test_a_layout_without_a_config_reads_by_global_rank() -> None:
+    layout = Layout.build(None, rank=3, world_size=4, device_type="cpu")
+    assert (layout.dp_size, layout.dp_rank, layout.tp_size, layout.speaks_for_batch, layout.mesh) == (
+        4,
+        3,
+        1,
+        True,
+        None,
+    )
+    assert layout.describe() == "4 processes"
 
 
 # --- get_model_tp_size ---------------------------------------------------------------------------

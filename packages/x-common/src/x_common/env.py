@@ -251,6 +251,11 @@ ACCELERATE_FP8_BACKEND = EnvVar("ACCELERATE_FP8_BACKEND", Str(), None, "FP8Recip
 # Accelerate's ParallelismConfig reads its sizes and handlers from these when a field is not given
 # (``accelerate launch --parallelism_config_*`` writes them); x's ParallelismConfig reads the same.
 _PC = "PARALLELISM_CONFIG_"
+# Written by ``--use_parallelism_config`` (or a config file's ``parallelism_config`` keys): the
+# Accelerator builds a ParallelismConfig from the variables below when the code passes none.
+USE_PARALLELISM_CONFIG = EnvVar(
+    "ACCELERATE_USE_PARALLELISM_CONFIG", Bool(words=True), False, "build a ParallelismConfig from PARALLELISM_CONFIG_*"
+)
 PARALLELISM_DP_REPLICATE_SIZE = EnvVar(_PC + "DP_REPLICATE_SIZE", Int(minimum=1), 1, "replicated data-parallel ranks")
 PARALLELISM_DP_SHARD_SIZE = EnvVar(_PC + "DP_SHARD_SIZE", Int(minimum=1), 1, "ranks a model is sharded over (FSDP)")
 PARALLELISM_TP_SIZE = EnvVar(_PC + "TP_SIZE", Int(minimum=1), 1, "tensor-parallel ranks")
@@ -264,7 +269,7 @@ PARALLELISM_SP_BACKEND = EnvVar(
 PARALLELISM_CP_COMM_STRATEGY = EnvVar(_PC + "CP_COMM_STRATEGY", Str(), None, "allgather or alltoall")
 PARALLELISM_SP_SEQ_LENGTH = EnvVar(_PC + "SP_SEQ_LENGTH", Str(), None, "fixed sequence length, or None")
 PARALLELISM_SP_SEQ_LENGTH_IS_VARIABLE = EnvVar(
-    _PC + "SP_SEQ_LENGTH_IS_VARIABLE", Bool(), True, "sequence length may change between batches"
+    _PC + "SP_SEQ_LENGTH_IS_VARIABLE", Bool(words=True), True, "sequence length may change between batches"
 )
 PARALLELISM_SP_ATTN_IMPLEMENTATION = EnvVar(
     _PC + "SP_ATTN_IMPLEMENTATION", Str(), None, "attention kernel under sequence parallelism"

@@ -91,6 +91,9 @@ class _Converting:
 
 @dataclass(frozen=True)
 class Bool(_Converting):
+    # Written as "true"/"false" for readers that compare the text (Accelerate's `== "true"`).
+    words: bool = False
+
     def _convert(self, value: Any) -> bool:
         if isinstance(value, bool):
             return value
@@ -108,6 +111,8 @@ class Bool(_Converting):
     def format(self, name: str, value: Any) -> str:
         if not isinstance(value, bool):
             raise _bad(name, value, "True or False")
+        if self.words:
+            return "true" if value else "false"
         return "1" if value else "0"
 
 

@@ -197,8 +197,6 @@ def test_tpu_downcast_bf16(capsys, script) -> None:
         (["--use_megatron_lm"], "x-launch does not run Megatron-LM"),
         (["--megatron-lm-tp-degree", "2"], "x-launch does not run Megatron-LM"),
         (["--fp8_backend", "te"], "x-launch sets no FP8 recipe"),
-        (["--use_parallelism_config"], "ParallelismConfig"),
-        (["--parallelism_config_tp_size", "2"], "ParallelismConfig"),
         (["--enable_cpu_affinity"], "numactl or taskset"),
         (["--mpirun_hostfile", "hosts"], "mpirun"),
         (["--aws_access_key_id", "k"], "SageMaker"),
@@ -214,6 +212,26 @@ def test_refused_flags_are_one_line_exit_2(capsys, script, args: list[str], need
     assert code == 2 and out == ""
     assert len(err.strip().splitlines()) == 1 and needle in err and "Traceback" not in err
     assert err.startswith(f"Error: {args[0]}: ")
+
+
+def test_megatron_stays_refused_and_points_at_tensor_parallelism(capsys, script) -> None:
+    why = (
+        "x-launch does not run Megatron-LM: use --parallelism_config_tp_size for tensor parallelism, --use_fsdp or "
+        "--use_deepspeed to shard a large model"
+    )
+    for args in (["--use_megatron_lm"], ["--megatron_lm_tp_degree", "2"], ["--megatron-lm-pp-degree=2"]):
+        assert launch(capsys, *args, script) == (2, "", f"Error: {args[0].partition('=')[0]}: {why}\n")
+
+
+def test_parallelism_config_flags_are_options_not_refusals(capsys, script) -> None:
+    assert refusal("--use_parallelism_config") is None and refusal("--parallelism-config-cp-size") is None
+    assert not any("parallelism" in flag for flag in [*REFUSED, *REFUSED_PREFIXES])
+    argv, environment = dry_run(
+        capsys, "--num_processes", "2", "--cpu", "--use_parallelism_config", "--parallelism_config_dp_shard_size", "2",
+        script, "--parallelism_config_tp_size", "3",
+    )  # fmt: skip
+    assert environment["PARALLELISM_CONFIG_DP_SHARD_SIZE"] == "2"
+    assert argv[-3:] == [script, "--parallelism_config_tp_size", "3"]  # after the script: the script's own
 
 
 def test_every_accelerate_launch_flag_is_supported_or_refused() -> None:

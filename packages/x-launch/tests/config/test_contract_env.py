@@ -9,10 +9,16 @@ import pytest
 from x_common import env
 from x_common.kinds import Bool, BoolOrChoice, Choice, Float, Int, Str, StrList
 from x_launch.cli import main
+from x_launch.config import parallelism
+from x_launch.config.contract_env import contract_environment
 from x_launch.config.launch_config import TABLE
 from x_launch.config.option import Option
+from x_launch.config.resolve import resolve
 
 CARRIED = [row for row in TABLE if row.env is not None]
+# ParallelismConfig rows travel together, when it is on and with the sizes' checks (test_parallelism.py).
+ALONE = [row for row in CARRIED if not parallelism.owns(row)]
+TOGETHER = [row for row in CARRIED if parallelism.owns(row)]
 
 
 def other_value(row: Option) -> str:
@@ -46,10 +52,11 @@ def dry_run_environment(capsys, tmp_path: Path, *args: str) -> dict[str, str]:
 
 
 def test_every_carried_row_is_tested() -> None:
-    assert len(CARRIED) >= 30  # the table lost its variables if this drops
+    assert len(ALONE) >= 30  # the table lost its variables if this drops
+    assert len(TOGETHER) == 12  # --use_parallelism_config and the eleven --parallelism_config_* options
 
 
-@pytest.mark.parametrize("row", CARRIED, ids=[row.key for row in CARRIED])
+@pytest.mark.parametrize("row", ALONE, ids=[row.key for row in ALONE])
 def test_every_row_with_a_variable_reaches_the_child_environment(row: Option, capsys, tmp_path, monkeypatch) -> None:
     text = other_value(row)
     monkeypatch.setenv(row.flag_var, text)
@@ -83,3 +90,18 @@ def test_an_fsdp1_strategy_in_reshard_after_forward_travels_as_the_strategy(caps
     child = dry_run_environment(capsys, tmp_path)
     assert child[env.FSDP_SHARDING_STRATEGY.name] == "SHARD_GRAD_OP"
     assert env.FSDP_RESHARD_AFTER_FORWARD.name not in child
+
+
+@pytest.mark.parametrize("row", TOGETHER, ids=[row.key for row in TOGETHER])
+def test_every_parallelism_row_reaches_the_child_environment(row: Option) -> None:
+    text = row.choices[0] if len(row.choices) == 1 else other_value(row)  # cp_backend torch, sp_backend deepspeed
+    # The context- and sequence-parallel extras travel only with their dimension in use, as Accelerate.
+    sizes = {"cp": "parallelism_config_cp_size", "sp": "parallelism_config_sp_size"}
+    dimension = next(
+        (flag for short, flag in sizes.items() if row.flag.startswith(f"parallelism_config_{short}_")), None
+    )
+    flags = {row.flag: text, **({dimension: "2"} if dimension and dimension != row.flag else {})}
+    child = contract_environment(resolve(None, flags, environ={}))
+    assert row.env.name in child, f"{row.key} set by --{row.flag} {text} did not reach the child"
+    assert row.env.read(child) == row.env.kind.parse(row.env.name, text)
+    assert env.USE_PARALLELISM_CONFIG.read(child) is True

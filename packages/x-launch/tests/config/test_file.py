@@ -305,10 +305,15 @@ def test_accelerate_dynamo_multi_node_config_loads_unchanged(tmp_path: Path) -> 
         typed({"main_process_ip": "192.168.1.1", "main_process_port": 7878, "num_machines": 2, "num_processes": 4})
     )
     assert values["fsdp_config.fsdp_offload_params"] is True
-    assert not any(key.startswith("parallelism_config") for key in values)
+    assert {k: v for k, v in values.items() if k.startswith("parallelism_config")} == {
+        "parallelism_config.parallelism_config_cp_comm_strategy": "allgather",
+        "parallelism_config.parallelism_config_cp_size": 512,
+        "parallelism_config.parallelism_config_dp_replicate_size": 2,
+        "parallelism_config.parallelism_config_dp_shard_size": 2,
+        "parallelism_config.parallelism_config_tp_size": 2,
+    }
     assert loaded.ignored == [
         "enable_cpu_affinity",
-        "parallelism_config",
         "same_network",
         "tpu_env",
         "tpu_use_cluster",

@@ -279,6 +279,12 @@ PINNED_PAIRS = {
     "deepspeed_config.zero3_init_flag": env.DEEPSPEED_ZERO3_INIT,
 }
 CARRIED = {key: field.env for key, field in FIELDS.items() if field.env is not None}
+# Variables the runtime reads as text, unset meaning its handler's own default: the launcher checks
+# the value and writes accelerate launch's default (its --parallelism_config_* defaults) when in use.
+LAUNCH_DEFAULTS = {
+    "parallelism_config.parallelism_config_cp_comm_strategy": ("allgather", ("allgather", "alltoall")),
+    "parallelism_config.parallelism_config_sp_attn_implementation": ("sdpa", ()),
+}
 
 
 def test_pinned_keys_travel_as_their_variables() -> None:
@@ -294,6 +300,9 @@ def test_no_two_keys_travel_as_one_variable() -> None:
 @pytest.mark.parametrize("key", sorted(CARRIED))
 def test_config_default_and_choices_match_the_runtime_contract(key: str) -> None:
     field, var = FIELDS[key], CARRIED[key]
+    if key in LAUNCH_DEFAULTS:
+        assert var.default is None and (field.default, field.choices) == LAUNCH_DEFAULTS[key]
+        return
     if key == "distributed_type":
         # The runtime's None means "not launched by x-launch"; the launcher always sends a type.
         assert var.default is None and field.default in field.choices
@@ -317,12 +326,14 @@ def test_every_top_level_key_accelerate_can_write_is_known() -> None:
     assert written - {*SCHEMA, *SECTIONS, *IGNORED_KEYS} == set()
 
 
-@pytest.mark.parametrize("section", ["fsdp_config", "deepspeed_config", "dynamo_config"])
+@pytest.mark.parametrize("section", ["fsdp_config", "deepspeed_config", "dynamo_config", "parallelism_config"])
 def test_every_section_key_accelerates_questionnaire_writes_is_known(section: str) -> None:
     cluster = pytest.importorskip("accelerate.commands.config.cluster")
     source = inspect.getsource(cluster)
     keys = set(re.findall(rf'{section}\["(\w+)"\]', source))
-    if section == "dynamo_config":  # written as dynamo_config[prefix + "backend"] with prefix = "dynamo_"
-        keys |= {"dynamo_" + k for k in re.findall(r'dynamo_config\[prefix \+ "(\w+)"\]', source)}
+    # written as dynamo_config[prefix + "backend"] with prefix = "dynamo_" (parallelism_config: "parallelism_config_")
+    prefix = {"dynamo_config": "dynamo_", "parallelism_config": "parallelism_config_"}.get(section)
+    if prefix is not None:
+        keys |= {prefix + k for k in re.findall(rf'{section}\[prefix \+ "(\w+)"\]', source)}
     assert len(keys) >= 5, f"found only {sorted(keys)} in accelerate's questionnaire: the pattern is stale"
     assert keys - set(SECTIONS[section]) == set()

@@ -148,9 +148,19 @@ class _Size(click.ParamType):
     "--plan",
     is_flag=True,
     help="Find the cheapest training settings that fit --gpus GPUs of --gpu-memory each (precision, "
-    "micro-batch and accumulation, activation checkpointing, ZeRO/FSDP stage, CPU offload); needs --seq-len.",
+    "micro-batch and accumulation, activation checkpointing, ZeRO/FSDP stage, CPU offload, tensor-parallel "
+    "degree and HSDP); needs --seq-len.",
 )
 @click.option("--gpu-memory", type=_Size(), help=f"Each GPU's memory for --plan ({_SIZE_HELP}).")
+@click.option(
+    "--num-machines",
+    "num_machines",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --plan: the machines the --gpus are spread over, evenly; tensor parallelism stays within one "
+    "machine and HSDP replicates over them.",
+)
 @click.option(
     "--write-config",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -181,6 +191,7 @@ def _command(model: str, **kw: Any) -> None:
       x-estimate ./my-model --seq-len 2048 --batch-size 4 --method formula
       x-estimate ./my-model --seq-len 2048 --device cuda
       x-estimate meta-llama/Llama-3.1-8B --plan --gpus 8 --gpu-memory 80GiB --seq-len 8192 --batch-size 8
+      x-estimate meta-llama/Llama-3.1-70B --plan --gpus 16 --num-machines 2 --gpu-memory 80GiB --seq-len 4096
 
     With --seq-len the Training column is a simulated training step (fake tensors, no data).
     Every dashed option also takes its underscore spelling (--seq_len, --batch_size, ...).
@@ -189,6 +200,8 @@ def _command(model: str, **kw: Any) -> None:
 
     if kw["method"] == "simulate" and kw["seq_len"] is None:
         raise click.UsageError("--method simulate needs --seq-len (a step needs inputs); add --seq-len N")
+    if kw["num_machines"] != 1 and not kw["plan"]:
+        raise click.UsageError("--num-machines spreads a --plan's GPUs over machines: add --plan")
     if kw["plan"] or kw["write_config"] is not None:
         from x_estimate.cli.plan import check_plan_options
 

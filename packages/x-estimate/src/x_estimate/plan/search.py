@@ -15,14 +15,24 @@ The settings searched:
   only: the GPU holds only the unit being computed);
 - activation checkpointing on or off;
 - micro-batch: each divisor of ``--batch-size`` (sequences per GPU per optimizer step), the rest
-  by gradient accumulation.
+  by gradient accumulation;
+- layout, in Accelerate's ParallelismConfig terms: tensor parallelism of each degree ``tp`` the
+  model's own plan splits evenly (``model/tensor_parallel.py``), with FSDP2 over the
+  ``dp_shard = gpus / tp`` ranks left (pure TP when none are); over several machines
+  (``machines``), TP within one machine and HSDP: ``dp_replicate`` = machines replicas, each
+  sharded over one machine's GPUs (``dp_shard`` = GPUs per machine / tp). A TP row's figure is
+  the simulated step of the model one TP rank holds, divided over ``dp_shard`` as zero3 divides
+  the whole model's; an HSDP row's equals FSDP's over ``dp_shard`` ranks.
 
 Cheapest means, in this order (the first difference decides): no offload (the CPU's optimizer
-step and the PCIe traffic are the slowest thing here), mixed precision before pure bf16, no
-recomputation (checkpointing reruns each block's forward: about a third more compute), zero3
-last among the stages (it moves the weights once more per step, 1.5x DDP's traffic; zero1 and
-zero2 move what DDP moves), fewer accumulation steps (a bigger micro-batch uses the GPU better),
-then the lower stage. Memory is monotonic in the micro-batch, so each setting's largest
+step and the PCIe traffic are the slowest thing here), a lower TP degree (TP all-reduces the
+activations of every attention and MLP block, forward and backward, on the critical path: a TP
+row ranks after every data-parallel row that fits as well), mixed precision before pure bf16, no
+recomputation (checkpointing reruns each block's forward: about a third more compute), weight
+gathers last among the stages (zero3 moves the weights once more per step, 1.5x DDP's traffic;
+zero1 and zero2 move what DDP moves), gathers within a machine before gathers across machines
+(HSDP before FSDP over every machine's GPUs), fewer accumulation steps (a bigger micro-batch
+uses the GPU better), then the lower stage. Memory is monotonic in the micro-batch, so each setting's largest
 micro-batch that fits is found by bisection, and a simulation is shared by every setting with
 its precision, checkpointing and micro-batch.
 """
@@ -48,22 +58,56 @@ _STAGES = ("none", "zero1", "zero2", "zero3")
 @dataclass(frozen=True)
 class Setting:
     precision: str
-    shard: str  # none, zero1, zero2, zero3
+    shard: str  # none, zero1, zero2, zero3 (FSDP2 over the dp_shard ranks)
     offload: str  # OFFLOADS
     checkpointing: bool
     micro_batch: int
     accumulation: int
+    tp: int = 1  # tensor-parallel degree (Accelerate's tp_size)
+    dp_replicate: int = 1  # replica groups of HSDP (dp_replicate_size); 1: one group, FSDP or DDP
 
-    def cost(self, precisions: tuple[str, ...]) -> tuple[int, ...]:
+    def dp_shard(self, gpus: int) -> int:
+        """The ranks a shard group spans (Accelerate's dp_shard_size): 1 without sharding or FSDP."""
+        return gpus // (self.tp * self.dp_replicate) if self.shard != "none" else 1
+
+    def parallelism(self, gpus: int) -> dict[str, int]:
+        """Accelerate's ParallelismConfig sizes of the row: dp_replicate_size, dp_shard_size, tp_size."""
+        return {"dp_replicate_size": self.dp_replicate, "dp_shard_size": self.dp_shard(gpus), "tp_size": self.tp}
+
+    def layout(self, gpus: int) -> str:
+        """The row's layout in Accelerate's ParallelismConfig terms, e.g. ``FSDP2 x TP dp_shard=4 tp=2``."""
+        if self.tp == 1 and self.dp_replicate == 1:
+            return self.shard
+        sizes = []
+        if self.dp_replicate > 1:
+            sizes.append(f"dp_replicate={self.dp_replicate}")
+        if self.shard != "none":
+            sizes.append(f"dp_shard={self.dp_shard(gpus)}")
+        if self.tp > 1:
+            sizes.append(f"tp={self.tp}")
+        kind = "HSDP" if self.dp_replicate > 1 else "FSDP2" if self.shard != "none" else ""
+        kind = " x ".join(k for k in (kind, "TP" if self.tp > 1 else "") if k)
+        return f"{kind} {' '.join(sizes)}"
+
+    def cost(self, precisions: tuple[str, ...], *, gpus: int = 1, machines: int = 1) -> tuple[int, ...]:
         """Sort key: smaller is cheaper (see the module's docstring for the order and why)."""
         return (
             OFFLOADS.index(self.offload),
+            self.tp,
             precisions.index(self.precision),
             int(self.checkpointing),
-            int(self.shard == "zero3"),
+            self._gathers(gpus, machines),
             self.accumulation,
             _STAGES.index(self.shard),
         )
+
+    def _gathers(self, gpus: int, machines: int) -> int:
+        """0: no weight gathers (DDP's traffic, zero1, zero2, pure TP); 1: FSDP's gathers within a
+        machine; 2: gathers that cross machines (a shard group wider than one machine)."""
+        if self.shard != "zero3":
+            return 0
+        span = self.dp_shard(gpus) * self.tp  # the tp ranks are inner: a shard group strides over them
+        return 2 if machines > 1 and span > gpus // machines else 1
 
 
 @dataclass(frozen=True)
@@ -91,24 +135,53 @@ class Plan:
     nearest: PlanRow | None  # when nothing fits: the setting that needs the least
     simulations: int
     notes: list[str] = field(default_factory=list)
+    machines: int = 1
+    tp_degrees: tuple[int, ...] = ()  # the TP degrees searched (the model's plan splits them evenly)
 
     @property
     def usable(self) -> int:
         return self.gpu_memory - MARGIN
 
 
-def _settings(gpus: int, precisions: tuple[str, ...]) -> list[tuple[str, str, str, bool]]:
-    """(offload, precision, shard, checkpointing) for every setting worth a row."""
-    stages = _STAGES if gpus > 1 else ("none",)
+_Candidate = tuple[str, str, str, bool, int, int]  # offload, precision, shard, checkpointing, tp, dp_replicate
+
+
+def _layouts(gpus: int, machines: int, tp_degrees: tuple[int, ...]) -> list[tuple[str, int, int]]:
+    """(shard, tp, dp_replicate) of the TP and HSDP layouts, beside the data-parallel stages.
+
+    FSDP2 x TP: the ranks left by TP shard (dp_shard = gpus / tp; pure TP when none are left).
+    Over several machines, TP stays within one and HSDP replicates over the machines, each
+    replica sharded over the GPUs of one machine (divided by tp): Accelerate refuses TP beside
+    replicas without sharding, so an HSDP layout needs dp_shard > 1.
+    """
     out = []
+    for tp in (1, *tp_degrees):
+        if tp > 1:
+            out.append(("zero3" if gpus > tp else "none", tp, 1))
+        if machines > 1 and gpus // (machines * tp) > 1:
+            out.append(("zero3", tp, machines))
+    return out
+
+
+def _settings(
+    gpus: int, precisions: tuple[str, ...], machines: int = 1, tp_degrees: tuple[int, ...] = ()
+) -> list[_Candidate]:
+    """(offload, precision, shard, checkpointing, tp, dp_replicate) for every setting worth a row."""
+    stages = _STAGES if gpus > 1 else ("none",)
+    out: list[_Candidate] = []
     for precision in precisions:
         for checkpointing in (False, True):
-            out += [("none", precision, shard, checkpointing) for shard in stages]
+            out += [("none", precision, shard, checkpointing, 1, 1) for shard in stages]
+            out += [
+                ("none", precision, shard, checkpointing, tp, r)
+                for shard, tp, r in _layouts(gpus, machines, tp_degrees)
+            ]
             # ZeRO-Offload runs on one GPU too, where its stage divides nothing: one row then.
             out += [
-                ("optimizer", precision, shard, checkpointing) for shard in ("zero2", "zero3")[: 2 if gpus > 1 else 1]
+                ("optimizer", precision, shard, checkpointing, 1, 1)
+                for shard in ("zero2", "zero3")[: 2 if gpus > 1 else 1]
             ]
-            out.append(("params", precision, "zero3", checkpointing))
+            out.append(("params", precision, "zero3", checkpointing, 1, 1))
     return out
 
 
@@ -117,15 +190,15 @@ def _divisors(value: int) -> list[int]:
 
 
 class _Steps:
-    """Simulated steps by (precision, checkpointing, micro-batch), each simulated once."""
+    """Simulated steps by (precision, checkpointing, micro-batch, TP degree), each simulated once."""
 
-    def __init__(self, simulate: Callable[[str, bool, int], Any]) -> None:
+    def __init__(self, simulate: Callable[[str, bool, int, int], Any]) -> None:
         self._simulate = simulate
-        self._done: dict[tuple[str, bool, int], Any] = {}
+        self._done: dict[tuple[str, bool, int, int], Any] = {}
 
-    def get(self, precision: str, checkpointing: bool, micro_batch: int) -> Any:
+    def get(self, precision: str, checkpointing: bool, micro_batch: int, tp: int = 1) -> Any:
         # mixed-fp16 and mixed-bf16 run the same step (see simulate/rows.py)
-        key = ("mixed-bf16" if precision.startswith("mixed-") else precision, checkpointing, micro_batch)
+        key = ("mixed-bf16" if precision.startswith("mixed-") else precision, checkpointing, micro_batch, tp)
         if key not in self._done:
             self._done[key] = self._simulate(*key)
         return self._done[key]
@@ -137,8 +210,12 @@ class _Steps:
 def _device_figures(
     step: Any, setting: Setting, gpus: int, state: TrainingMemory, unit_params: int
 ) -> tuple[int, int, dict[str, int]]:
-    """(allocated, reserved, breakdown) of one GPU under the setting's sharding and offload."""
-    n = gpus
+    """(allocated, reserved, breakdown) of one GPU under the setting's sharding and offload.
+
+    ``step`` is the model one rank holds (a TP rank's for tp > 1), whose weights, gradients and
+    optimizer state FSDP divides over the dp_shard ranks, gathering its units as under zero3.
+    """
+    n = setting.dp_shard(gpus) if setting.offload == "none" else gpus
     if setting.offload == "none":
         divisors = shard_divisors(setting.shard, n)
         extra = gathered_bytes(unit_params, state.precision) if setting.shard == "zero3" and n > 1 else 0
@@ -174,7 +251,7 @@ def _host_bytes(setting: Setting, gpus: int, state: TrainingMemory) -> int:
 def make_plan(
     tensors: list[Any],
     *,
-    simulate: Callable[[str, bool, int], Any],
+    simulate: Callable[[str, bool, int, int], Any],
     gpus: int,
     gpu_memory: int,
     batch_size: int,
@@ -182,22 +259,30 @@ def make_plan(
     optimizer: str,
     precisions: tuple[str, ...] = _PRECISIONS,
     unit_params: int = 0,
+    machines: int = 1,
+    tp_units: dict[int, int] | None = None,
 ) -> Plan:
     """Every setting's largest fitting micro-batch, simulated, the cheapest first.
 
-    ``simulate(precision, checkpointing, micro_batch)`` returns a CUDA ``SimulatedStep`` (or an
-    ``ExtrapolatedStep``); ``tensors`` are the model's (``ModelSummary.tensors``), for the
-    sharded parts' formulas and the offload's host memory; ``unit_params``: parameters a zero3
-    device holds gathered at once (``layers.gathered_parameters``).
+    ``simulate(precision, checkpointing, micro_batch, tp)`` returns a CUDA ``SimulatedStep`` (or
+    an ``ExtrapolatedStep``) of the model one rank of a ``tp``-way split holds (the whole model
+    for 1); ``tensors`` are the model's (``ModelSummary.tensors``), for the sharded parts'
+    formulas and the offload's host memory; ``unit_params``: parameters a zero3 device holds
+    gathered at once (``layers.gathered_parameters``); ``tp_units``: {TP degree: the same count
+    of a TP rank's model} for each degree to search (those that divide a machine's GPUs);
+    ``machines``: the machines the ``gpus`` are spread over (HSDP replicates over them).
     """
+    units = {1: unit_params, **{tp: n for tp, n in (tp_units or {}).items() if (gpus // machines) % tp == 0}}
+    tp_degrees = tuple(sorted(tp for tp in units if tp > 1))
     steps = _Steps(simulate)
     micro_batches = sorted(_divisors(batch_size), reverse=True)
     usable = gpu_memory - MARGIN
     fitting: list[PlanRow] = []
     nearest: PlanRow | None = None
 
-    def row(offload: str, precision: str, shard: str, checkpointing: bool, micro: int) -> PlanRow:
-        setting = Setting(precision, shard, offload, checkpointing, micro, batch_size // micro)
+    def row(candidate: _Candidate, micro: int) -> PlanRow:
+        offload, precision, shard, checkpointing, tp, replicas = candidate
+        setting = Setting(precision, shard, offload, checkpointing, micro, batch_size // micro, tp, replicas)
         stage = "zero3" if offload == "params" else shard
         state = training_memory(
             tensors,
@@ -207,44 +292,46 @@ def make_plan(
             shard=stage,
             gathered_params=unit_params,
         )
-        step = steps.get(precision, checkpointing, micro)
-        allocated, reserved, parts = _device_figures(step, setting, gpus, state, unit_params)
+        step = steps.get(precision, checkpointing, micro, tp)
+        allocated, reserved, parts = _device_figures(step, setting, gpus, state, units[tp])
         host = _host_bytes(setting, gpus, state)
         return PlanRow(setting, allocated, reserved, gpu_memory - reserved, host, parts)
 
-    for offload, precision, shard, checkpointing in _settings(gpus, precisions):
+    for candidate in _settings(gpus, precisions, machines, tp_degrees):
         # Bisect for the largest micro-batch that fits: memory grows with the micro-batch.
         lo, hi, best = 0, len(micro_batches) - 1, None
         smallest = micro_batches[-1]
         while lo <= hi:
             mid = (lo + hi) // 2
-            candidate = row(offload, precision, shard, checkpointing, micro_batches[mid])
-            if candidate.reserved <= usable:
-                best, hi = candidate, mid - 1
+            tried = row(candidate, micro_batches[mid])
+            if tried.reserved <= usable:
+                best, hi = tried, mid - 1
             else:
                 lo = mid + 1
-                if candidate.setting.micro_batch == smallest and (
-                    nearest is None or candidate.reserved < nearest.reserved
-                ):
-                    nearest = candidate
+                if tried.setting.micro_batch == smallest and (nearest is None or tried.reserved < nearest.reserved):
+                    nearest = tried
         if best is not None:
             fitting.append(best)
-    fitting.sort(key=lambda r: r.setting.cost(precisions))
+    fitting.sort(key=lambda r: r.setting.cost(precisions, gpus=gpus, machines=machines))
     plan = Plan(
-        gpus, gpu_memory, batch_size, seq_len, optimizer, precisions, _front(fitting, precisions), None, len(steps)
-    )
+        gpus, gpu_memory, batch_size, seq_len, optimizer, precisions, _front(fitting, precisions, gpus, machines),
+        None, len(steps), machines=machines, tp_degrees=tp_degrees,
+    )  # fmt: skip
     if not fitting:
         plan.nearest = nearest
     return plan
 
 
-def _front(rows: list[PlanRow], precisions: tuple[str, ...]) -> list[PlanRow]:
+def _front(rows: list[PlanRow], precisions: tuple[str, ...], gpus: int, machines: int) -> list[PlanRow]:
     """The rows no cheaper row beats: each is listed only if every row before it costs more in
-    some respect (offload, precision, checkpointing, zero3, accumulation steps). ``rows`` come
-    cheapest first, so among equals the lower stage stays."""
+    some respect (offload, TP degree, precision, checkpointing, gathers, accumulation steps).
+    ``rows`` come cheapest first, so among equals the lower stage stays."""
     kept: list[PlanRow] = []
+
+    def cost(r: PlanRow) -> tuple[int, ...]:
+        return r.setting.cost(precisions, gpus=gpus, machines=machines)[:-1]
+
     for r in rows:
-        cost = r.setting.cost(precisions)[:-1]
-        if not any(all(a <= b for a, b in zip(k.setting.cost(precisions)[:-1], cost, strict=True)) for k in kept):
+        if not any(all(a <= b for a, b in zip(cost(k), cost(r), strict=True)) for k in kept):
             kept.append(r)
     return kept

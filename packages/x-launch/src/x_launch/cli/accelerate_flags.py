@@ -4,12 +4,16 @@ Every other flag of ``accelerate launch --help`` (Accelerate 1.15) is an ``x-lau
 with Accelerate's meaning: the settings table's rows (``x_launch.config.launch_config``) and the launch-only
 options in ``x_launch.cli.command_line``. The flags below name features x does not offer; each is refused with one
 line naming the reason and what to use instead (exit code 2), never silently ignored.
+``--use_parallelism_config`` and ``--parallelism_config_*`` are options (tensor, context and sharded
+data parallelism on one mesh); their sizes are checked at launch (``x_launch.config.parallelism``).
 
 Examples:
     >>> prepare_launch_args(["--tee", "3", "--log_dir", "logs", "train.py", "--tee"], {"--log_dir"})
     ['--tee=3', '--log_dir', 'logs', 'train.py', '--tee']
-    >>> refusal("--megatron-lm-tp-degree")
-    'x-launch does not run Megatron-LM: use --use_fsdp or --use_deepspeed to shard a large model'
+    >>> refusal("--megatron-lm-tp-degree").partition(":")[0]
+    'x-launch does not run Megatron-LM'
+    >>> refusal("--parallelism-config-tp-size") is None  # an option: tensor parallelism on x-runtime's mesh
+    True
 """
 
 from __future__ import annotations
@@ -21,10 +25,9 @@ from x_common.kinds import FALSE_WORDS
 
 __all__ = ["REFUSED", "REFUSED_PREFIXES", "TEE_STREAMS", "answered", "prepare_launch_args", "refusal", "target_index"]
 
-_MEGATRON = "x-launch does not run Megatron-LM: use --use_fsdp or --use_deepspeed to shard a large model"
-_PARALLELISM = (
-    "x-launch takes no ParallelismConfig flags and x trains no tensor, context or sequence parallelism: "
-    "shard with --use_fsdp, or pass ParallelismConfig(...) to the Accelerator in code"
+_MEGATRON = (
+    "x-launch does not run Megatron-LM: use --parallelism_config_tp_size for tensor parallelism, --use_fsdp or "
+    "--use_deepspeed to shard a large model"
 )
 _FP8 = "x-launch sets no FP8 recipe: pass --mixed_precision fp8 and give the recipe in code (the Accelerator's kwargs)"
 _SAGEMAKER = "x-launch does not launch on Amazon SageMaker: run x-launch inside the training job instead"
@@ -41,7 +44,6 @@ _PDSH = (
 # except those in _HARMLESS with the values listed there.
 REFUSED: dict[str, str] = {
     "--use_megatron_lm": _MEGATRON,
-    "--use_parallelism_config": _PARALLELISM,
     "--enable_cpu_affinity": (
         "x-runtime does not pin processes to NUMA cores: start x-launch under numactl or taskset instead"
     ),
@@ -66,12 +68,11 @@ REFUSED: dict[str, str] = {
 }
 REFUSED_PREFIXES: dict[str, str] = {
     "--megatron_lm_": _MEGATRON,
-    "--parallelism_config_": _PARALLELISM,
     "--fp8_": _FP8,
 }
 # Values that ask for nothing x lacks: what x does anyway.
 _HARMLESS = {"--deepspeed_multinode_launcher": ("standard",), "--fsdp_activation_checkpointing_offload": FALSE_WORDS}
-_SWITCHES = {"--use_megatron_lm", "--use_parallelism_config", "--enable_cpu_affinity", "--tpu_cluster"}
+_SWITCHES = {"--use_megatron_lm", "--enable_cpu_affinity", "--tpu_cluster"}
 _SWITCHES |= {"--no_tpu_cluster", "--tpu_use_sudo"}
 
 # torchrun's --tee: 0 none, 1 stdout, 2 stderr, 3 both, or per rank: "0:1,1:3".

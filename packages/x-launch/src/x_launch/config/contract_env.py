@@ -3,7 +3,8 @@
 Derived from the settings table: each row with a contract variable (``Option.env``) travels as
 that variable, validated by the variable's own kind, so the runtime reads back exactly what was
 resolved. Top-level settings always travel; section settings (``fsdp_config.*``, ...) only
-when something set them, since the runtime has the same defaults.
+when something set them, since the runtime has the same defaults. The ParallelismConfig rows
+travel together, by ``x_launch.config.parallelism``'s rule (Accelerate's variables, when it is on).
 
 Examples:
     >>> from x_launch.config.launch_config import LaunchConfig, Setting
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from x_common import env
+from x_launch.config import parallelism
 from x_launch.config.launch_config import TABLE, LaunchConfig
 
 __all__ = ["contract_environment"]
@@ -39,9 +41,11 @@ def contract_environment(config: LaunchConfig) -> dict[str, str]:
     # Accelerate does) overrides fsdp_sharding_strategy.
     for row in sorted(TABLE, key=lambda row: row.to_env is not None):
         value = getattr(config, row.name)
-        if value is None or (row.section is not None and config.is_default(row.key)):
+        if value is None or (row.section is not None and config.is_default(row.key)) or parallelism.owns(row):
             continue
         values.update(row.environment(value))
+    # ParallelismConfig: all of its variables when it is on, none when it is off, as accelerate launch.
+    values.update(parallelism.environment(config))
     # accelerate launch --multi_gpu means "several processes": on a machine without GPUs, CPU ones.
     inferred = config.is_default("distributed_type") or config.source("distributed_type") == "--multi_gpu"
     if inferred and config.num_processes > 1:

@@ -47,6 +47,7 @@ def _carried(var: env.EnvVar, section: str, **row: Any) -> Any:
 
 
 _DYNAMO, _FSDP, _DS = "dynamo_config", "fsdp_config", "deepspeed_config"
+_PC = "parallelism_config"  # Accelerate's keys inside it keep their prefix: parallelism_config_tp_size
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,58 @@ class LaunchConfig(Mapping[str, Setting]):
         None,
         section=_DS,
         doc="mixture-of-experts layer classes DeepSpeed treats as leaves (e.g. MixtralSparseMoeBlock)",
+        cli=True,
+    )
+
+    # --- parallelism_config: Accelerate's ParallelismConfig, one device mesh ---------------------
+    # Travel only when use_parallelism_config is on, as accelerate launch writes them
+    # (x_launch.config.parallelism); a non-empty section or any size given turns it on.
+    use_parallelism_config: bool = option(
+        Bool(),
+        False,
+        env=env.USE_PARALLELISM_CONFIG,
+        doc="give the ranks a ParallelismConfig built from the parallelism_config sizes",
+        cli=_cli("use_parallelism_config"),
+        switch=True,
+        cli_help="Give the ranks a ParallelismConfig built from the --parallelism_config_* sizes; any of "
+        "those sizes, or a config file's parallelism_config section, turns it on too.",
+    )
+    parallelism_config_dp_replicate_size: int = _carried(
+        env.PARALLELISM_DP_REPLICATE_SIZE,
+        _PC,
+        doc="ranks holding whole replicas of the model (DDP; HSDP with dp_shard)",
+    )
+    parallelism_config_dp_shard_size: int = _carried(
+        env.PARALLELISM_DP_SHARD_SIZE, _PC, doc="ranks one replica is sharded over (FSDP2)"
+    )
+    parallelism_config_tp_size: int = _carried(
+        env.PARALLELISM_TP_SIZE, _PC, doc="ranks each layer's weights are split over (tensor parallelism)"
+    )
+    parallelism_config_cp_size: int = _carried(
+        env.PARALLELISM_CP_SIZE, _PC, doc="ranks a sequence is split over (context parallelism, GPUs only)"
+    )
+    parallelism_config_cp_backend: str = _carried(env.PARALLELISM_CP_BACKEND, _PC)
+    # accelerate launch's default; the runtime's handler checks the variable with Accelerate's words.
+    parallelism_config_cp_comm_strategy: str = option(
+        Choice(("allgather", "alltoall")),
+        "allgather",
+        section=_PC,
+        env=env.PARALLELISM_CP_COMM_STRATEGY,
+        doc="how context-parallel ranks exchange keys and values (with cp_size > 1)",
+        cli=True,
+    )
+    parallelism_config_sp_size: int = _carried(
+        env.PARALLELISM_SP_SIZE, _PC, doc="sequence-parallel ranks (DeepSpeed Ulysses): only 1, x trains none"
+    )
+    parallelism_config_sp_backend: str = _carried(env.PARALLELISM_SP_BACKEND, _PC)
+    parallelism_config_sp_seq_length: str | None = _carried(env.PARALLELISM_SP_SEQ_LENGTH, _PC)
+    parallelism_config_sp_seq_length_is_variable: bool = _carried(env.PARALLELISM_SP_SEQ_LENGTH_IS_VARIABLE, _PC)
+    parallelism_config_sp_attn_implementation: str = option(
+        Str(),
+        "sdpa",  # accelerate launch's default
+        section=_PC,
+        env=env.PARALLELISM_SP_ATTN_IMPLEMENTATION,
+        doc=env.PARALLELISM_SP_ATTN_IMPLEMENTATION.doc,
         cli=True,
     )
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from x_common import env
+from x_launch.config import parallelism
 from x_launch.config.file import ConfigError, LoadedConfig
 from x_launch.config.launch_config import TABLE, LaunchConfig, Setting
 
@@ -61,7 +62,8 @@ def resolve(
     if spelled:
         for key in ("num_machines", "min_machines", "max_machines"):
             settings[key] = Setting(settings[key].value, spelled)
-    return LaunchConfig.from_settings(_elastic_counts(_deepspeed_accumulation(settings)))
+    settings = parallelism.implied(_deepspeed_accumulation(settings))
+    return LaunchConfig.from_settings(_elastic_counts(settings))
 
 
 def _deepspeed_accumulation(settings: dict[str, Setting]) -> dict[str, Setting]:

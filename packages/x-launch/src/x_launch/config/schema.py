@@ -1,7 +1,7 @@
 """The launch config file's keys: Accelerate's names, so an Accelerate ``default_config.yaml`` works.
 
 The keys are the settings table's (``x_launch.config.launch_config.TABLE``): top-level ones, and
-sections (``fsdp_config``, ``deepspeed_config``, ``dynamo_config``) checked key by key. Keys
+sections (``fsdp_config``, ``deepspeed_config``, ``dynamo_config``, ``parallelism_config``) checked key by key. Keys
 that Accelerate writes for features x does not offer (SageMaker, Megatron-LM, mpirun, TPU pods)
 are accepted and reported as ignored, so an existing file keeps working.
 """
@@ -83,7 +83,6 @@ IGNORED_KEYS = frozenset(
         "ipex_config",
         "mpirun_config",
         "megatron_lm_config",
-        "parallelism_config",
         "tpu_name",
         "tpu_zone",
         "tpu_use_cluster",

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping
 
 from x_common import env
+from x_launch.config import parallelism
 from x_launch.config.contract_env import contract_environment
 from x_launch.config.file import ConfigError
 from x_launch.config.launch_config import LaunchConfig, Setting
@@ -68,6 +69,7 @@ def build_plan(
         )
     if rank >= machines:
         raise ConfigError(f"machine_rank {rank} must be below num_machines {machines} (ranks start at 0)")
+    parallelism.check(settings, cpu_only=_cpu_only(settings, job, gpus))
     # fp16 with --cpu runs, as under accelerate launch: the runtime computes in fp32 and says so.
     if settings.mixed_precision == "bf16" and not settings.use_cpu and not settings.tpu:
         preflight.check_bf16(gpus)
@@ -169,6 +171,18 @@ def _on_cpu(settings: LaunchConfig, gpus: list[tuple[int, int]]) -> bool:
     if XlaEngine.wanted(settings):
         return False
     return not gpus
+
+
+def _cpu_only(settings: LaunchConfig, job: slurm.SlurmJob | None, gpus: list[tuple[int, int]]) -> str | None:
+    """Why the ranks will have no GPU, or ``None``: ``use_cpu``, or no NVIDIA GPU on this machine.
+
+    Inside SLURM the launcher may run on a login node without GPUs, so only ``use_cpu`` counts there.
+    """
+    if settings.use_cpu:
+        return f"use_cpu from {settings.source('use_cpu')}"
+    if job is None and not XlaEngine.wanted(settings) and not gpus:
+        return "no NVIDIA GPU on this machine"
+    return None
 
 
 def _one_process_per_gpu(

@@ -21,7 +21,6 @@ from x_runtime.accelerator.checkpoints import CheckpointMethods
 from x_runtime.accelerator.ddp import DDPMethods
 from x_runtime.accelerator.forward import Forward
 from x_runtime.accelerator.memory import memory_guard_options
-from x_runtime.accelerator.parallelism import check_parallelism
 from x_runtime.accelerator.preemption import PreemptionMethods
 from x_runtime.accelerator.prepare import PrepareMethods
 from x_runtime.accelerator.prepared import PreparedObjects, release_at_exit
@@ -87,8 +86,9 @@ class Accelerator(
             ``dynamo_backend``.
         fsdp_plugin: shard the model with FSDP2 (else the launcher's ``distributed_type``).
         deepspeed_plugin: train through a DeepSpeed engine (ZeRO stages 0-3).
-        parallelism_config: ``ParallelismConfig`` describing the data parallel layout (DDP, or
-            FSDP over every rank); tensor, context and sequence parallelism and HSDP are refused.
+        parallelism_config: ``ParallelismConfig``: the layout over replicas, shards and tensor
+            parallel ranks (DDP, FSDP2, HSDP, TP, FSDP2 x TP, HSDP x TP); else the launcher's
+            ``--parallelism_config_*`` sizes. Sequence parallelism is refused in one line.
 
     Examples:
         >>> import torch
@@ -138,6 +138,12 @@ class Accelerator(
             if project_dir is not None:
                 self.project_configuration.set_directories(project_dir)
 
+            # A missing checkpoint folder or a layout x cannot train ends the script in one line (once per
+            # job), not a traceback per rank; installed before the layout is decided and the group joined.
+            install_one_line_hook(
+                traceback=settings.get(env.DEBUG_MODE), ranks_on_host=settings.get(env.LOCAL_WORLD_SIZE) or 1
+            )
+            set_rank(settings.get(env.RANK) or 0)
             init = self.handlers.init
             choice = decide(
                 fsdp_plugin=fsdp_plugin,
@@ -146,19 +152,15 @@ class Accelerator(
                 init_method=init.init_method,
                 timeout=init.timeout,
                 settings=settings,
-            )
-            # A missing checkpoint folder ends the script in one line (once per job), not a traceback per
-            # rank; installed before the group is joined, whose hook wraps it.
-            install_one_line_hook(
-                traceback=settings.get(env.DEBUG_MODE), ranks_on_host=settings.get(env.LOCAL_WORLD_SIZE) or 1
+                parallelism_config=parallelism_config,
             )
             process = choice.join(cpu=cpu)
             self.process_state = process
             open_progress(process.rank, settings.environ)  # under x-launch: the stall watchdog's record and stack dump
             set_rank(process.rank)
-            self.parallelism_config = check_parallelism(
-                parallelism_config, num_processes=process.world_size, distributed_type=choice.kind
-            )
+            self.layout = choice.layout(process)
+            # Accelerate's: the configuration the code or the launcher gave (FSDP's implied one stays unnamed).
+            self.parallelism_config = self.layout.config if choice.parallelism is not None else None
             mode = settings.get(env.MIXED_PRECISION) if mixed_precision is None else str(mixed_precision)
             self.fp8_recipe = fp8_recipe_for(mode, process.device, self.handlers.fp8)
             self.precision = Precision(
@@ -184,6 +186,7 @@ class Accelerator(
                 ddp_kwargs=self.handlers.ddp.to_kwargs(),
                 gradient_state=self.gradient_state,
                 comm_hook=self.handlers.ddp.comm_hook_spec(),
+                layout=self.layout,
             )
             self.device_placement = device_placement
             self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -197,6 +200,7 @@ class Accelerator(
                 kind=choice.kind,
                 accumulation=self.gradient_state.num_steps,
                 compiled=self.dynamo_plugin.enabled,
+                split=self.layout.tp_size > 1,
             )
             self._memory_guard = None
             # Accelerate's AcceleratorState, as a view over this accelerator's own process state. Its plugin is the
@@ -213,6 +217,8 @@ class Accelerator(
                 dynamo_plugin=self.dynamo_plugin,
                 deepspeed_plugin=in_effect if choice.kind == DistributedType.DEEPSPEED else None,
                 fsdp_plugin=in_effect if choice.kind == DistributedType.FSDP else None,
+                parallelism_config=self.parallelism_config,
+                device_mesh=self.layout.mesh if self.parallelism_config is not None else None,
             )
             remember_accelerator_state(self.state)
             self.log_with = log_with
@@ -250,6 +256,36 @@ class Accelerator(
     save_iteration = Forward("project_configuration", "iteration")
     sync_gradients = Forward("gradient_state", "sync_gradients", writable=True)
     dynamo_backend = Forward("dynamo_plugin", "backend")
+
+    # --- the layout (Accelerate's names over strategies.layout) ---------------------------------
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The run's ``DeviceMesh`` (named dimensions and the flattened ``dp``, ``dp_shard_cp``, ``dp_cp``).
+
+        ``None`` unless a ``ParallelismConfig`` was given (in code or by the launcher), as in Accelerate.
+        """
+        return self.state.device_mesh
+
+    def _mesh_rank(self, dim: str, what: str) -> int:
+        config = self.parallelism_config
+        if config is None:
+            raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
+        if config._size(dim) == 1 or self.layout.mesh is None:
+            return 0
+        return int(self.layout.mesh.get_local_rank(dim))
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        return self._mesh_rank("tp", "Tensor parallelism")
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This rank's place among the replicas (``dp_replicate``), 0 when there are none."""
+        return self._mesh_rank("dp_replicate", "Data parallelism")
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        return self._mesh_rank("dp_shard", "Shard-based data parallelism")
 
     @property
     def gradient_accumulation_steps(self) -> int:

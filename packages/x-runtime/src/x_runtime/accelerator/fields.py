@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from x_runtime.precision.policy import Precision
     from x_runtime.process.topology.state import ProcessState
     from x_runtime.strategies.base import Strategy
+    from x_runtime.strategies.layout import Layout
     from x_runtime.tracking.base import GeneralTracker
 
 __all__ = ["AcceleratorFields"]
@@ -40,7 +41,8 @@ class AcceleratorFields:
     dataloader_config: DataLoaderConfiguration
     project_configuration: ProjectConfiguration
     dynamo_plugin: TorchDynamoPlugin
-    parallelism_config: ParallelismConfig | None  # checked by accelerator.parallelism: data parallel only
+    parallelism_config: ParallelismConfig | None  # the layout the code or the launcher named, sizes filled in
+    layout: Layout  # the run's ranks and mesh (strategies.layout): data, collectives and strategies read it
     fp8_recipe: Any  # torchao's or Transformer Engine's recipe under fp8, else None
     device_placement: bool
     step_scheduler_with_optimizer: bool

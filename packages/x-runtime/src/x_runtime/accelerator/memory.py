@@ -31,9 +31,17 @@ class BadMemoryBudgetError(OneLineError, ValueError):
 
 
 def memory_guard_options(
-    settings: Settings, *, process: Any, precision: str, kind: str | None, accumulation: int, compiled: bool
+    settings: Settings,
+    *,
+    process: Any,
+    precision: str,
+    kind: str | None,
+    accumulation: int,
+    compiled: bool,
+    split: bool = False,
 ) -> GuardOptions | None:
-    """The guard's options for this run, or None where it stays off (``kind``: the strategy's, if it chose one)."""
+    """The guard's options for this run, or None where it stays off (``kind``: the strategy's, if it chose one;
+    ``split``: the layout splits layers over tensor parallel ranks, which the guard's plan does not)."""
     kind = kind or process.distributed_type
     if not settings.get(env.MEMORY_GUARD) or compiled or kind == DistributedType.DEEPSPEED:
         return None
@@ -52,7 +60,7 @@ def memory_guard_options(
         device=process.device,
         precision=precision,
         is_main=process.is_main_process,
-        compare=kind not in (DistributedType.FSDP, DistributedType.XLA),
+        compare=kind not in (DistributedType.FSDP, DistributedType.XLA) and not split,
         budget=budget,
         accumulation=accumulation,
     )

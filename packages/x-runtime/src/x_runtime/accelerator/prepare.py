@@ -154,7 +154,8 @@ class PrepareMethods(AcceleratorFields):
             gradient_state=self.gradient_state,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.dataloader_config.split_batches,
-            num_processes=self.process_state.world_size,
+            # The batches one optimizer step reads: one per data parallel rank (tensor parallel ranks share theirs).
+            num_processes=self.layout.dp_size,
         )
         self._prepared.schedulers.append(prepared)
         return prepared
@@ -164,9 +165,8 @@ class PrepareMethods(AcceleratorFields):
     ) -> Any:
         placement = self.device_placement if device_placement is None else device_placement
         config = self.dataloader_config
-        sharding = Sharding(
-            self.process_state.world_size, self.process_state.rank, config.split_batches, config.even_batches
-        )
+        # By data parallel rank: the ranks of one tensor parallel group read the same batches.
+        sharding = Sharding(self.layout.dp_size, self.layout.dp_rank, config.split_batches, config.even_batches)
         spec = LoaderSpec(  # the strategy gives the device and gradient state
             data_loader,
             sharding,

@@ -25,24 +25,35 @@ class ProcessMethods(AcceleratorFields):
     """Accelerate's process and collective methods, over ``self.process_state``."""
 
     # --- collectives -----------------------------------------------------------------------
+    # Under tensor parallelism the ranks of one group hold the same batch and the same outputs. For
+    # metrics only the group's first rank contributes rows (the others an empty slice), so every
+    # sample is counted once; Accelerate returns each tp_size times. ``gather`` and ``reduce`` keep
+    # Accelerate's meaning, every rank's data: libraries index their results by process
+    # (TRL's GRPO) or divide by tp_size themselves (transformers' Trainer counting tokens).
+    def _own_rows(self, data: Any) -> Any:
+        if not self.layout.duplicates_batches or self.layout.speaks_for_batch:
+            return data
+        return nested.apply(lambda t: t.reshape(-1, *t.shape[1:])[:0] if t.dim() else t.reshape(1)[:0], data)
+
     def gather(self, tensor: Any) -> Any:
-        """Every process's tensors concatenated along dim 0 (nested structures kept)."""
+        """Every process's tensors concatenated along dim 0 (nested structures kept), tensor parallel ranks included."""
         with progress.during(progress.Phase.GATHER):
             return collectives.gather(tensor)
 
     def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
-        """``gather`` minus the samples duplicated to even out the last batch.
+        """``gather`` minus the samples duplicated to even out the last batch, and each sample once under TP.
 
         Over a whole epoch the gathered results hold exactly ``len(dataset)`` samples, in order.
         Non-tensor data (or ``use_gather_object=True``) goes through ``gather_object``.
         """
         tensors_only = all(isinstance(t, torch.Tensor) for t in _leaves(input_data))
         if use_gather_object or not tensors_only:
+            own = self.layout.speaks_for_batch or not self.layout.duplicates_batches
             with progress.during(progress.Phase.GATHER_OBJECT):
-                data = collectives.gather_object(input_data)
+                data = collectives.gather_object(input_data if own else [])
         else:
             with progress.during(progress.Phase.GATHER):
-                data = collectives.gather(input_data)
+                data = collectives.gather(self._own_rows(input_data))
         state = self.gradient_state
         if not state.end_of_dataloader or state.remainder < 0:
             return data

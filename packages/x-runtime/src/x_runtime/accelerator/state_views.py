@@ -298,7 +298,7 @@ class AcceleratorState(PartialState):
         return self.distributed_type == DistributedType.FSDP
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("dynamo_plugin", "deepspeed_plugin", "fsdp_plugin"):
+        if name in ("dynamo_plugin", "deepspeed_plugin", "fsdp_plugin", "parallelism_config", "device_mesh"):
             return None
         return super().__getattr__(name)
 

@@ -57,11 +57,29 @@ class StepMethods(AcceleratorFields):
         buffer_seq_dims: list[int] | None = None,
         no_restore_buffers: set[torch.Tensor] | None = None,
     ) -> Iterator[None]:
-        """Accelerate's context-parallel block: with no context parallelism (``cp_size`` 1, the only size x
-        runs; a ParallelismConfig asking for more is refused when the Accelerator is built) it leaves the
-        buffers whole and does nothing, as Accelerate's does then. transformers' Trainer enters it each step.
+        """Accelerate's context-parallel block: inside it, ``buffers`` (inputs, labels, position ids) are
+        split along ``buffer_seq_dims`` over the ``cp`` ranks and SDPA attention runs as torch's ring
+        attention (``torch.distributed.tensor.experimental.context_parallel``), exchanging keys and
+        values by the handler's ``cp_comm_strategy``. Without context parallelism (``cp_size`` 1) it
+        leaves the buffers whole and does nothing, as Accelerate's does; transformers' Trainer enters
+        it each step. Context parallelism runs on GPUs only (refused on CPU when the Accelerator is built).
         """
-        yield
+        mesh = self.layout.cp_mesh
+        if mesh is None:
+            yield
+            return
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.distributed.tensor.experimental._attention import set_rotate_method
+
+        handler = self.parallelism_config.cp_handler if self.parallelism_config is not None else None
+        set_rotate_method(getattr(handler, "cp_comm_strategy", None) or "allgather")
+        with context_parallel(
+            mesh,
+            buffers=buffers or [],
+            buffer_seq_dims=buffer_seq_dims or [],
+            no_restore_buffers=no_restore_buffers or set(),
+        ):
+            yield
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:

@@ -17,13 +17,13 @@ Examples:
 
 from __future__ import annotations
 
-import importlib.metadata
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from x_common import env
 from x_runtime.core.settings import current_settings
-from x_runtime.core.versions import compare_versions, is_torch_version
+from x_runtime.core.versions import is_torch_version
 
 __all__ = [
     "BETA_CP_AVAILABLE_PYTORCH_VERSION",
@@ -49,32 +49,28 @@ SP_ATTN_BUILTIN = ("flash_attention_2", "flash_attention_3", "sdpa")
 SP_ATTN_REFUSED = ("eager", "flex_attention")
 
 
-def _installed_at_least(package: str, version: str) -> bool:
-    try:
-        return compare_versions(package, ">=", version)
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 @dataclass
 class TorchTensorParallelConfig:
-    """Tensor parallelism through torch's ``parallelize_module`` and the model's own TP plan.
+    """Tensor parallelism through torch's ``parallelize_module`` and a plan of module names.
 
     Args:
         enable_async_tp: overlap TP communication with compute; accepted and ignored (with a
             warning), as in Accelerate.
+        plan: x's addition: ``{module name: style}`` (torch's ``ColwiseParallel()``,
+            ``RowwiseParallel()``, ``SequenceParallel()`` or transformers' words ``"colwise"``,
+            ``"rowwise"``, ...; ``*`` matches one level of names). ``None``: the model's own plan
+            (transformers' ``tp_plan``), applied by ``prepare``.
 
     Raises:
-        ValueError: torch older than 2.3, or transformers missing or older than 4.52.
+        ValueError: torch older than 2.3.
     """
 
     enable_async_tp: bool = False
+    plan: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not is_torch_version(">=", BETA_TP_AVAILABLE_PYTORCH_VERSION):
             raise ValueError(f"tensor parallelism needs torch >= {BETA_TP_AVAILABLE_PYTORCH_VERSION}")
-        if not _installed_at_least("transformers", BETA_TP_AVAILABLE_TRANSFORMERS_VERSION):
-            raise ValueError(f"TP requires transformers >= {BETA_TP_AVAILABLE_TRANSFORMERS_VERSION}")
         if self.enable_async_tp:
             warnings.warn("enable_async_tp is not supported; tensor parallelism stays synchronous", stacklevel=3)
 

@@ -19,6 +19,7 @@ from x_runtime.core.offloaded import state_dict_of
 from x_runtime.io.files import torch_load, torch_save
 from x_runtime.io.model_files import load_tensors_file, save_tensors_file
 from x_runtime.strategies.base import Replacements
+from x_runtime.strategies.sharded_files import load_sharded_model, load_sharded_optimizer
 
 if TYPE_CHECKING:
     from x_runtime.data.gradient_state import GradientState
@@ -100,6 +101,9 @@ class StrategyDefaults:
     def load_model_files(
         self, folder: Path, name: str, model: torch.nn.Module, record: dict[str, Any], strict: bool
     ) -> None:
+        if record.get("layout") == "sharded":  # parts written by FSDP or tensor parallel ranks: DCP reads any layout
+            load_sharded_model(folder / f"{name}_sharded", model, strict=strict)
+            return
         refuse_layout(record, "full", folder)
         path = folder / record.get("file", weights_file_name(name, True))
         weights = load_full_weights(path, device=self.load_device(model))
@@ -114,6 +118,9 @@ class StrategyDefaults:
         return {"layout": "full"}
 
     def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict[str, Any]) -> None:
+        if record.get("layout") == "sharded":
+            load_sharded_optimizer(folder / f"{name}_sharded", optimizer, model)
+            return
         refuse_layout(record, "full", folder)
         optimizer.load_state_dict(torch_load(folder / f"{name}.bin"))
 

@@ -1,5 +1,10 @@
 """FSDP2: ``fully_shard`` units chosen by layer class or size, with full or sharded checkpoints.
 
+The layout (``strategies.layout``) gives the mesh: ``dp_shard`` (FSDP), ``dp_replicate`` x
+``dp_shard`` (HSDP: shards within a replica group, gradients averaged across groups), and, with
+``tp_size`` above one, the model's layers are split over the ``tp`` mesh first (``tp_plan``), so
+each rank shards its tensor-parallel part.
+
 Each rank keeps 1/N of every parameter as a ``DTensor``; a unit's parameters are gathered for
 its forward and backward and freed after (``reshard_after_forward``). ``fully_shard`` replaces
 the module's parameters with new objects, so an optimizer built before ``prepare`` is pointed at
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -33,17 +39,31 @@ from x_runtime.strategies.defaults import (
     weights_file_name,
 )
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
+from x_runtime.strategies.layout import Layout
 from x_runtime.strategies.param_moves import ParameterMoves
+from x_runtime.strategies.sharded_files import (
+    load_sharded_model,
+    load_sharded_optimizer,
+    save_sharded_model,
+    save_sharded_optimizer,
+)
+from x_runtime.strategies.tp_plan import apply_plan, resolve_plan
 
 __all__ = ["FSDPStrategy", "wrap_units"]
+
+_REDISTRIBUTE = "torch.distributed.tensor._redistribute"  # the logger of DTensor's multi-step warnings
 
 
 class FSDPStrategy(StrategyDefaults):
     distributed_type = "FSDP"
     writes_from_state_dicts = False  # sharded files, or full ones gathered with collectives
+    record_name = "FSDP"  # what a checkpoint's manifest says wrote its parts
 
-    def __init__(self, state: ProcessState, plugin: FullyShardedDataParallelPlugin, mixed_precision: str):
+    def __init__(
+        self, state: ProcessState, plugin: FullyShardedDataParallelPlugin, mixed_precision: str, layout: Layout
+    ):
         self.state = state
+        self.layout = layout
         try:
             from torch.distributed.fsdp import fully_shard  # noqa: F401
         except ImportError:
@@ -60,11 +80,9 @@ class FSDPStrategy(StrategyDefaults):
                 "FSDP cpu_offload (fsdp_offload_params) needs a GPU: this run computes on CPU, where parameters "
                 "already live in CPU memory; set it to false"
             )
-        from torch.distributed.device_mesh import init_device_mesh
-
         self.plugin = plugin
         self.mp_policy = plugin.mixed_precision(mixed_precision)
-        self.mesh = init_device_mesh(state.device.type, (state.world_size,))
+        self.mesh = layout.fsdp_mesh
         self._moves = ParameterMoves()
 
     # --- prepare -----------------------------------------------------------------------------
@@ -85,6 +103,7 @@ class FSDPStrategy(StrategyDefaults):
             )
         full = dict(model.state_dict()) if plugin.sync_module_states and self.state.is_main_process else {}
         before = list(model.parameters())
+        self._split_layers(model)
         if plugin.activation_checkpointing:
             for unit in units:
                 _recompute_in_backward(unit)
@@ -96,16 +115,27 @@ class FSDPStrategy(StrategyDefaults):
             "offload_policy": CPUOffloadPolicy() if plugin.cpu_offload else OffloadPolicy(),
             "ignored_params": ignored or None,
         }
-        # Innermost units first: fully_shard must see a unit's sub-units already sharded.
-        for unit in reversed(units):
-            fully_shard(unit, **options)
-        fully_shard(model, **options)
+        if self.layout.shards:
+            # Innermost units first: fully_shard must see a unit's sub-units already sharded.
+            for unit in reversed(units):
+                fully_shard(unit, **options)
+            fully_shard(model, **options)
         if on_meta:
             model.to_empty(device=self.state.device)
         if plugin.sync_module_states:
             self._sync_from_rank0(model, full)
         self._moves.record(before, model.parameters())
         return model
+
+    def _split_layers(self, model: torch.nn.Module) -> None:
+        """Tensor parallelism first: each rank then shards (FSDP) the part of every layer it holds."""
+        mesh = self.layout.tp_mesh
+        if mesh is None:
+            return
+        config = self.layout.config
+        handler = config.tp_handler if config is not None else None
+        plan = resolve_plan(model, getattr(handler, "plan", None), self.layout.tp_size)
+        apply_plan(model, mesh, plan)
 
     def _sync_from_rank0(self, model: torch.nn.Module, full: dict[str, torch.Tensor]) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
@@ -136,15 +166,21 @@ class FSDPStrategy(StrategyDefaults):
             setter(True)
 
     def clip_grad_norm_(self, parameters: Any, max_norm: float, norm_type: float = 2) -> torch.Tensor:
-        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        # On a 2-D mesh (FSDP x TP) the norm is reduced over each dimension in turn, which torch logs on
+        # every rank at every step; the result is the same.
+        with _quiet(_REDISTRIBUTE):
+            norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+            return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     # --- weights -----------------------------------------------------------------------------
     def state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Whole tensors on the main process (``{}`` elsewhere); every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # Parameters split by TP and sharded by FSDP gather in two all-gathers, which torch logs as a warning
+        # on every rank at every save: the layout's cost, said in the layouts page instead.
+        with _quiet(_REDISTRIBUTE):
+            full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         # torch types the values as any state-dict value; full_state_dict=True gathers them into plain tensors.
         return cast("dict[str, torch.Tensor]", full)
 
@@ -155,12 +191,10 @@ class FSDPStrategy(StrategyDefaults):
         self, folder: Path, name: str, model: torch.nn.Module, *, writer: bool, safe_serialization: bool = True
     ) -> dict[str, Any]:
         # Shards (or the gathered whole on rank 0) follow this strategy's own rule, not ``writer``.
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         if self._sharded_layout():
-            dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=str(folder / f"{name}_sharded"))
-            return {"layout": "sharded", "strategy": "FSDP"}
+            save_sharded_model(folder / f"{name}_sharded", model)
+            return {"layout": "sharded", "strategy": self.record_name}
         weights = self.state_dict(model)
         file = weights_file_name(name, safe_serialization)
         if self.state.is_main_process:
@@ -170,17 +204,13 @@ class FSDPStrategy(StrategyDefaults):
     def load_model_files(
         self, folder: Path, name: str, model: torch.nn.Module, record: dict[str, Any], strict: bool
     ) -> None:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
-            get_model_state_dict,
             set_model_state_dict,
         )
 
         if record.get("layout", "full") == "sharded":
-            held = {"model": get_model_state_dict(model)}
-            dcp.load(held, checkpoint_id=str(folder / f"{name}_sharded"))
-            set_model_state_dict(model, held["model"], options=StateDictOptions(strict=strict))
+            load_sharded_model(folder / f"{name}_sharded", model, strict=strict)
             return
         refuse_layout(record, "full", folder)
         weights: dict[str, torch.Tensor] = {}
@@ -195,14 +225,12 @@ class FSDPStrategy(StrategyDefaults):
     def save_optimizer_files(
         self, folder: Path, name: str, optimizer: Any, model: Any, *, writer: bool
     ) -> dict[str, Any]:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         inner = getattr(optimizer, "optimizer", optimizer)
         if self._sharded_layout():
-            state = get_optimizer_state_dict(model, inner)
-            dcp.save({"optimizer": state}, checkpoint_id=str(folder / f"{name}_sharded"))
-            return {"layout": "sharded", "strategy": "FSDP"}
+            save_sharded_optimizer(folder / f"{name}_sharded", optimizer, model)
+            return {"layout": "sharded", "strategy": self.record_name}
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state = get_optimizer_state_dict(model, inner, options=options)
         if self.state.is_main_process:
@@ -210,23 +238,46 @@ class FSDPStrategy(StrategyDefaults):
         return {"layout": "full", "strategy": "FSDP"}
 
     def load_optimizer_files(self, folder: Path, name: str, optimizer: Any, model: Any, record: dict[str, Any]) -> None:
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
-            get_optimizer_state_dict,
             set_optimizer_state_dict,
         )
 
         inner = getattr(optimizer, "optimizer", optimizer)
         if record.get("layout", "full") == "sharded":
-            held = {"optimizer": get_optimizer_state_dict(model, inner)}
-            dcp.load(held, checkpoint_id=str(folder / f"{name}_sharded"))
-            set_optimizer_state_dict(model, inner, held["optimizer"])
+            load_sharded_optimizer(folder / f"{name}_sharded", optimizer, model)
             return
         refuse_layout(record, "full", folder)
         state = torch_load(folder / f"{name}.bin") if self.state.is_main_process else {}
+        if state:
+            state = _keyed_by_name(state, inner, model)
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(model, inner, state, options=options)
+
+
+def _keyed_by_name(state: dict[str, Any], optimizer: Any, model: torch.nn.Module) -> dict[str, Any]:
+    """An optimizer state keyed by position (``optimizer.state_dict()`` of a plain or DDP run) keyed by name.
+
+    torch's ``set_optimizer_state_dict`` reads whole states by parameter name; a state written by
+    one process numbers the parameters in the optimizer's order, which is the same order here.
+    """
+    if not any(isinstance(key, int) for key in state.get("state", {})) and all(
+        not group["params"] or isinstance(group["params"][0], str) for group in state.get("param_groups", [])
+    ):
+        return state
+    names = {id(param): name for name, param in model.named_parameters()}
+    order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
+    numbered = state["param_groups"]
+    if sum(len(group["params"]) for group in numbered) != len(order):
+        raise ValueError(
+            f"the saved optimizer state has {sum(len(g['params']) for g in numbered)} parameters but this "
+            f"optimizer trains {len(order)}; prepare the same model and optimizer as the run that saved it"
+        )
+    position = {index: order[i] for i, index in enumerate(p for g in numbered for p in g["params"])}
+    return {
+        "state": {position[int(key)]: value for key, value in state["state"].items()},
+        "param_groups": [{**group, "params": [position[p] for p in group["params"]]} for group in numbered],
+    }
 
 
 def wrap_units(model: torch.nn.Module, plugin: FullyShardedDataParallelPlugin) -> list[torch.nn.Module]:
@@ -283,6 +334,17 @@ def _ignored_params(model: torch.nn.Module, ignored: Any) -> set[torch.nn.Parame
         return set()
     modules = [m for m in model.modules() if ignored(m)] if callable(ignored) else list(ignored)
     return {p for m in modules for p in m.parameters()}
+
+
+@contextlib.contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _on_meta(model: torch.nn.Module) -> bool:

@@ -177,7 +177,8 @@ class FullyShardedDataParallelPlugin:
             if translated is None:
                 raise ValueError(
                     f"sharding_strategy={strategy}: fully_shard runs FULL_SHARD (reshard_after_forward=True) and "
-                    "SHARD_GRAD_OP (False); for NO_SHARD use distributed_type MULTI_GPU/MULTI_CPU (DDP)"
+                    "SHARD_GRAD_OP (False); for NO_SHARD use distributed_type MULTI_GPU/MULTI_CPU (DDP), for HYBRID_SHARD "
+                    "ParallelismConfig(dp_replicate_size=R, dp_shard_size=S) (HSDP)"
                 )
             if self.reshard_after_forward is not None and bool(self.reshard_after_forward) != translated:
                 raise ValueError(
