@@ -70,20 +70,22 @@ def one_process(root: Path, launch_env) -> dict[str, Path]:
     """The reference: one plain process, 3 and 4 steps (fp32 and bf16 for 3)."""
     env = launch_env(root)
     _run([sys.executable, str(WORKER), str(root / "one3"), "--precisions", "no,bf16"], env)
+    _run([sys.executable, str(WORKER), str(root / "one3tied"), "--tied"], env)
     _run([sys.executable, str(WORKER), str(root / "one4"), "--steps", "4", "--split"], env)
-    return {"3": root / "one3" / "no", "3bf16": root / "one3" / "bf16", "4": root / "one4" / "no"}
+    return {"3": root / "one3" / "no", "3tied": root / "one3tied" / "no", "4": root / "one4" / "no"}
 
 
-def _initial(root: Path, launch_env) -> dict[str, torch.Tensor]:
-    out = root / "zero"
+def _initial(root: Path, launch_env, tied: bool) -> dict[str, torch.Tensor]:
+    out = root / ("zero-tied" if tied else "zero")
     if not (out / "no").exists():
-        _run([sys.executable, str(WORKER), str(out), "--steps", "0"], launch_env(root))
+        _run([sys.executable, str(WORKER), str(out), "--steps", "0", *(["--tied"] if tied else [])], launch_env(root))
     return _weights(out / "no")
 
 
 LAYOUTS = {
     # name: (processes, sizes, given in code or by x-launch's flags, expected mesh, dp, type)
-    "tp2": (2, {"dp_replicate": 1, "dp_shard": 1, "tp": 2}, "code", ["tp"], 1, "MULTI_CPU"),
+    # Tied embeddings: the vocabulary-parallel embedding and the colwise head share one split weight.
+    "tp2": (2, {"dp_replicate": 1, "dp_shard": 1, "tp": 2}, "code-tied", ["tp"], 1, "MULTI_CPU"),
     "hsdp2x2": (4, {"dp_replicate": 2, "dp_shard": 2, "tp": 1}, "flags", ["dp_replicate", "dp_shard"], 4, "FSDP"),
     "fsdp2xtp2": (4, {"dp_replicate": 1, "dp_shard": 2, "tp": 2}, "code-plan", ["dp_shard", "tp"], 2, "FSDP"),
     "hsdp2x2xtp2": (
@@ -106,23 +108,26 @@ def test_a_layout_trains_to_the_weights_of_one_process(name: str, root: Path, on
         argv = _x_launch(processes, sizes, *args)
     else:
         layout = ",".join(str(sizes[dim]) for dim in ("dp_replicate", "dp_shard", "tp"))
-        argv = _torchrun(processes, *args, "--layout", layout, *(["--user-plan"] if given == "code-plan" else []))
+        extra = {"code-plan": ["--user-plan"], "code-tied": ["--tied"]}.get(given, [])
+        argv = _torchrun(processes, *args, "--layout", layout, *extra)
     _run(argv, launch_env(root))
 
-    reference = _weights(one_process["3"])
-    moved = _max_diff(reference, _initial(root, launch_env))
+    reference = _weights(one_process["3tied" if given == "code-tied" else "3"])
+    moved = _max_diff(reference, _initial(root, launch_env, tied=given == "code-tied"))
     assert moved > 20 * TOLERANCE  # the runs trained: agreement below is not two untouched models
     assert _max_diff(_weights(out / "no"), reference) <= TOLERANCE
     report = _report(out / "no")
     assert (report["mesh"], report["dp"], report["distributed_type"]) == (mesh, dp, kind)
     assert report["eval_ids"] == list(range(13))  # gather_for_metrics: each sample once, in order
+    assert report["stream_ids"] == list(range(13))  # an iterable dataset, dispatched to tp groups from rank 0
     # reduce and gather: every rank's value, as in Accelerate (tp innermost: a group's ranks are neighbours).
     assert report["counted"] == processes
     assert report["gathered"] == [rank for rank in range(dp) for _ in range(processes // dp)]
-    assert report["losses"] == pytest.approx(_report(one_process["3"])["losses"], abs=1e-5)
+    fp32_losses = _report(one_process["3tied" if given == "code-tied" else "3"])["losses"]
+    assert report["losses"] == pytest.approx(fp32_losses, abs=1e-5)
 
     bf16 = _report(out / "bf16")
-    assert bf16["losses"] == pytest.approx(_report(one_process["3"])["losses"], abs=BF16_LOSS)
+    assert bf16["losses"] == pytest.approx(fp32_losses, abs=BF16_LOSS)
     assert bf16["losses"] != report["losses"]  # computed in bf16, not fp32 again
     assert bf16["eval_ids"] == list(range(13))
 

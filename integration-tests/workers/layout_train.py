@@ -32,7 +32,14 @@ MAX_STEPS = 4  # the data: the same at every --steps, so a resumed run reads on 
 EVAL_SAMPLES = 13  # not a multiple of any data parallel size: the last batch is evened out
 
 
-def tiny_llama() -> LlamaForCausalLM:
+class Stream(torch.utils.data.IterableDataset):
+    """Read once, on rank 0: prepared loaders dispatch an iterable dataset's batches to every rank."""
+
+    def __iter__(self):
+        return iter(range(EVAL_SAMPLES))
+
+
+def tiny_llama(tied: bool = False) -> LlamaForCausalLM:
     config = LlamaConfig(
         hidden_size=64,
         intermediate_size=128,
@@ -41,6 +48,7 @@ def tiny_llama() -> LlamaForCausalLM:
         num_key_value_heads=2,
         vocab_size=256,
         max_position_embeddings=64,
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
@@ -54,6 +62,7 @@ def main() -> None:
     parser.add_argument("--load", type=Path)
     parser.add_argument("--layout", help="dp_replicate,dp_shard,tp[,cp] sizes given in code (cp: GPUs only)")
     parser.add_argument("--precisions", default="no", help="comma-separated: one Accelerator after another")
+    parser.add_argument("--tied", action="store_true", help="the head shares the embedding's weight")
     parser.add_argument("--user-plan", action="store_true", help="the plan given in code, not the model's")
     parser.add_argument(
         "--split", action="store_true", help="split_batches: the loader yields the global batch, each dp rank its slice"
@@ -96,14 +105,15 @@ def train_once(args: argparse.Namespace, precision: str, out: Path) -> Accelerat
 
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 256, (GLOBAL_BATCH * MAX_STEPS, 16), generator=generator)
-    model = tiny_llama()
+    model = tiny_llama(args.tied)
     # lr 1e-4: every weight moves ~3e-4 in 3 steps, 30x the 1e-5 the layouts must agree to; at 1e-3 AdamW
     # turns last-bit differences of a near-zero gradient (another summation order) into 1e-5 steps.
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     # Split: the same loader at every layout, so a resumed run counts the same batches.
     train = DataLoader(list(tokens), batch_size=GLOBAL_BATCH if args.split else GLOBAL_BATCH // dp)
     evaluate = DataLoader(list(range(EVAL_SAMPLES)), batch_size=4 if args.split else 2)
-    model, optimizer, train, evaluate = accelerator.prepare(model, optimizer, train, evaluate)
+    stream = DataLoader(Stream(), batch_size=4 if args.split else 2)
+    model, optimizer, train, evaluate, stream = accelerator.prepare(model, optimizer, train, evaluate, stream)
     done = 0
     if args.load:
         accelerator.load_state(str(args.load))
@@ -131,6 +141,9 @@ def train_once(args: argparse.Namespace, precision: str, out: Path) -> Accelerat
     seen = []
     for ids in evaluate:
         seen.extend(accelerator.gather_for_metrics(ids).tolist())
+    streamed = []
+    for ids in stream:
+        streamed.extend(accelerator.gather_for_metrics(ids).tolist())
     # gather and reduce keep Accelerate's meaning: every rank's value, tensor parallel ranks included.
     if pc is not None:
         rank = accelerator.data_parallel_rank * pc.dp_shard_size + accelerator.data_parallel_shard_rank
@@ -146,10 +159,11 @@ def train_once(args: argparse.Namespace, precision: str, out: Path) -> Accelerat
     weights = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.float().contiguous() for k, v in weights.items()}, str(out / "weights.safetensors"))
+        save_file({k: v.float().clone() for k, v in weights.items()}, str(out / "weights.safetensors"))
         report = {
             "losses": losses,
             "eval_ids": seen,
+            "stream_ids": streamed,
             "distributed_type": str(accelerator.distributed_type),
             "dp": dp,
             "mesh": list(accelerator.torch_device_mesh.mesh_dim_names) if accelerator.torch_device_mesh else None,

@@ -39,16 +39,16 @@ import torch.nn.functional as F
 
 __all__ = ["STYLES", "tp_degrees", "tp_local", "tp_plan"]
 
-# transformers' style names -> how one rank's module differs: which dimension is split
+# transformers' style names -> how one rank's module differs: which dimension is split. Only the
+# styles x-runtime applies (its strategies/tp_plan.py): a plan with others gets no TP rows, so
+# --plan never proposes a layout the run would refuse.
 STYLES = {
     "colwise": "colwise",
-    "packed_colwise": "colwise",
     "colwise_gather_output": "gather",
     "colwise_rep": "gather",
     "rowwise": "rowwise",
-    "packed_rowwise": "rowwise",
+    "rowwise_rep": "rowwise",
     "embedding_rowwise": "embedding",
-    "replicate": "replicate",
 }
 _HEAD_ATTRIBUTES = ("num_heads", "num_attention_heads", "num_key_value_heads", "num_kv_heads")
 
@@ -114,8 +114,6 @@ def tp_degrees(model: torch.nn.Module, config: Any, gpus: int) -> tuple[list[int
     sizes = {}
     for name, style in modules.items():
         kind = STYLES[style]
-        if kind == "replicate":
-            continue
         size = _split_size(named[name], kind)
         if size is None:
             what = type(named[name]).__name__
@@ -238,8 +236,6 @@ def tp_local(skeleton: Any, tp: int) -> Any:
     divided: set[int] = set()
     for name, style in _modules(model, tp_plan(model)).items():
         kind = STYLES[style]
-        if kind == "replicate":
-            continue
         old: Any = named[name]
         new = _rank_module(old, kind, tp)
         tied = shards.get(id(old.weight))

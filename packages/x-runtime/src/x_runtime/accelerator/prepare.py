@@ -166,7 +166,10 @@ class PrepareMethods(AcceleratorFields):
         placement = self.device_placement if device_placement is None else device_placement
         config = self.dataloader_config
         # By data parallel rank: the ranks of one tensor parallel group read the same batches.
-        sharding = Sharding(self.layout.dp_size, self.layout.dp_rank, config.split_batches, config.even_batches)
+        layout = self.layout
+        sharding = Sharding(
+            layout.dp_size, layout.dp_rank, config.split_batches, config.even_batches, copies=layout.copies
+        )
         spec = LoaderSpec(  # the strategy gives the device and gradient state
             data_loader,
             sharding,

@@ -24,6 +24,8 @@ class Sharding:
             size is the global one); otherwise it is ``num_processes`` consecutive batches.
         even_batches: Pad an incomplete last global step from the start of the epoch, so every
             process gets the same number of full batches.
+        copies: Ranks that read each share (a tensor or context parallel group, neighbours in rank
+            order): the world is ``num_processes * copies`` ranks, rank ``r`` reading share ``r // copies``.
 
     Raises:
         ValueError: ``process_index`` is not a process of ``num_processes``.
@@ -39,6 +41,7 @@ class Sharding:
     process_index: int = 0
     split_batches: bool = False
     even_batches: bool = True
+    copies: int = 1
 
     def __post_init__(self) -> None:
         if self.num_processes < 1 or not 0 <= self.process_index < self.num_processes:

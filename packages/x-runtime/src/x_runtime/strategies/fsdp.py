@@ -39,7 +39,7 @@ from x_runtime.strategies.defaults import (
     weights_file_name,
 )
 from x_runtime.strategies.fsdp_plugin import FullyShardedDataParallelPlugin
-from x_runtime.strategies.layout import Layout
+from x_runtime.strategies.layout import BadLayoutError, Layout
 from x_runtime.strategies.param_moves import ParameterMoves
 from x_runtime.strategies.sharded_files import (
     load_sharded_model,
@@ -132,6 +132,15 @@ class FSDPStrategy(StrategyDefaults):
         mesh = self.layout.tp_mesh
         if mesh is None:
             return
+        # Meta weights (cpu_ram_efficient_loading on ranks > 0) are neither sent nor received by torch's
+        # split, which would leave rank 0 waiting: every rank learns whether any holds them.
+        flag = torch.tensor([1.0 if _on_meta(model) else 0.0], device=self.state.device)
+        dist.all_reduce(flag)
+        if flag.item() > 0:
+            raise BadLayoutError(
+                "tensor parallelism splits the weights each rank holds, and some ranks hold meta weights "
+                "(cpu_ram_efficient_loading): set fsdp_cpu_ram_efficient_loading to false with tp_size > 1"
+            )
         config = self.layout.config
         handler = config.tp_handler if config is not None else None
         plan = resolve_plan(model, getattr(handler, "plan", None), self.layout.tp_size)
@@ -248,9 +257,17 @@ class FSDPStrategy(StrategyDefaults):
             load_sharded_optimizer(folder / f"{name}_sharded", optimizer, model)
             return
         refuse_layout(record, "full", folder)
-        state = torch_load(folder / f"{name}.bin") if self.state.is_main_process else {}
-        if state:
-            state = _keyed_by_name(state, inner, model)
+        state, problem = {}, None
+        if self.state.is_main_process:
+            try:
+                state = _keyed_by_name(torch_load(folder / f"{name}.bin"), inner, model)
+            except ValueError as error:
+                problem = str(error)
+        # Said on every rank before the broadcast the others would otherwise wait in.
+        told = [problem]
+        dist.broadcast_object_list(told, src=0)
+        if told[0] is not None:
+            raise ValueError(told[0])
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_optimizer_state_dict(model, inner, state, options=options)
 
@@ -265,7 +282,8 @@ def _keyed_by_name(state: dict[str, Any], optimizer: Any, model: torch.nn.Module
         not group["params"] or isinstance(group["params"][0], str) for group in state.get("param_groups", [])
     ):
         return state
-    names = {id(param): name for name, param in model.named_parameters()}
+    # torch.compile's wrapper adds "_orig_mod." to the names; torch's state-dict functions drop it.
+    names = {id(param): name.replace("_orig_mod.", "") for name, param in model.named_parameters()}
     order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
     numbered = state["param_groups"]
     if sum(len(group["params"]) for group in numbered) != len(order):

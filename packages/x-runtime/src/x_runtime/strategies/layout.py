@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
+
 from x_runtime.core.one_line_errors import OneLineError
 from x_runtime.core.parallelism import ParallelismConfig
 
@@ -112,14 +114,19 @@ class Layout:
         return self._local_rank("tp")
 
     @property
+    def copies(self) -> int:
+        """Ranks that read each data parallel rank's batches: a tensor (and context) parallel group."""
+        return self.world_size // self.dp_size
+
+    @property
     def duplicates_batches(self) -> bool:
-        """Whether several ranks hold the same batch (tensor parallel groups read one batch together)."""
-        return self.tp_size > 1
+        """Whether several ranks hold the same batch (tensor and context parallel groups read one batch together)."""
+        return self.copies > 1
 
     @property
     def speaks_for_batch(self) -> bool:
-        """Whether this rank's copy of its batch is the one gathers and sums count (tp rank 0)."""
-        return self.tp_rank == 0
+        """Whether this rank's copy of its batch is the one ``gather_for_metrics`` counts (tp and cp rank 0)."""
+        return self.tp_rank == 0 and self._local_rank("cp") == 0
 
     # --- the meshes strategies work on ------------------------------------------------------------
     @property
@@ -149,7 +156,8 @@ def _fsdp_mesh(config: ParallelismConfig, mesh: Any, device_type: str) -> Any:
     if mesh is not None and names:
         fsdp = config.fsdp_dim_names
         return mesh[tuple(fsdp)] if len(fsdp) > 1 else mesh[fsdp[0]]
-    if mesh is None and config.total_size == 1:
+    if mesh is None and config.total_size == 1 and dist.is_available() and dist.is_initialized():
+        # Without a group FSDP's own check says how to launch; a mesh here would try to make one.
         from torch.distributed.device_mesh import init_device_mesh
 
         return init_device_mesh(device_type, (1,), mesh_dim_names=("dp_shard_cp",))

@@ -161,7 +161,7 @@ def decide(
     kind = given[0] if given else (launched if launched in SHARDED else None)
     config = _layout_config(parallelism_config, settings)
     if config is not None:
-        kind = _kind_for_layout(config, kind)
+        kind = _kind_for_layout(config, kind, from_code=bool(given))
     group = GroupOptions(
         backend=backend,
         init_method=init_method,
@@ -183,7 +183,7 @@ def _layout_config(config: ParallelismConfig | None, settings: Settings) -> Para
     return config
 
 
-def _kind_for_layout(config: ParallelismConfig, kind: str | None) -> str | None:
+def _kind_for_layout(config: ParallelismConfig, kind: str | None, *, from_code: bool) -> str | None:
     """The strategy the layout needs, given the one the plugins or the launcher chose (``kind``)."""
     if config.sp_enabled:
         raise BadLayoutError(
@@ -200,7 +200,7 @@ def _kind_for_layout(config: ParallelismConfig, kind: str | None) -> str | None:
         return kind
     if config.dp_shard_enabled or config.cp_enabled:
         return DistributedType.FSDP
-    if kind == DistributedType.FSDP and config.tp_enabled:
+    if kind == DistributedType.FSDP and config.tp_enabled and not from_code:
         # Accelerate's launcher asks for FSDP2 with any ParallelismConfig: tensor parallel alone has nothing to shard.
         return None
     if kind == DistributedType.FSDP and config.total_size > 1:

@@ -7,7 +7,7 @@ split: torch's ``ParallelStyle`` objects (``ColwiseParallel()``, ``RowwiseParall
 (``TorchTensorParallelConfig(plan=...)``), else from the model (transformers' ``tp_plan``,
 ``base_model_tp_plan`` in its config). Accelerate needs the model split before ``prepare``
 (``from_pretrained(tp_plan="auto")``); x splits it in ``prepare`` with torch's
-``parallelize_module``, so any model with a plan trains, loaded however it was.
+``parallelize_module``, so a model whose plan uses the styles below trains, loaded however it was.
 
 Every parameter the plan leaves whole becomes a replicated ``DTensor`` on the same mesh (its
 module takes and gives plain tensors as before), so the optimizer, gradient clipping and FSDP on
@@ -160,9 +160,38 @@ def apply_plan(model: torch.nn.Module, mesh: Any, plan: Mapping[str, Any]) -> to
     """Split ``model`` in place over ``mesh`` by the resolved ``plan``; replicate every parameter left whole."""
     from torch.distributed.tensor.parallel import parallelize_module
 
+    tied = _tied(model)
     parallelize_module(model, mesh, dict(plan))
     _replicate_the_rest(model, mesh)
+    _tie_again(tied)
     return model
+
+
+def _tied(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
+    """Each parameter held by several modules (tied embeddings), as its owners."""
+    owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                owners.setdefault(id(param), []).append((module, name))
+    return [group for group in owners.values() if len(group) > 1]
+
+
+def _tie_again(tied: list[list[tuple[torch.nn.Module, str]]]) -> None:
+    # Splitting registers a new parameter per module: a tied pair came out as two. Tied again, they
+    # train as one, as in the model given (a vocab-parallel embedding and a colwise head both shard the
+    # vocabulary's dimension, so one split serves both).
+    for (first, first_name), *others in tied:
+        kept = first._parameters[first_name]
+        for module, name in others:
+            other = module._parameters[name]
+            if getattr(other, "placements", None) != getattr(kept, "placements", None):
+                raise BadLayoutError(
+                    f"tensor parallelism: {type(first).__name__}.{first_name} and {type(module).__name__}.{name} "
+                    "share one weight (tied) but the plan splits them differently; give both the same split "
+                    "(embedding_rowwise with colwise_gather_output) or neither"
+                )
+            module.register_parameter(name, kept)
 
 
 def _replicate_the_rest(model: torch.nn.Module, mesh: Any) -> None:

@@ -675,17 +675,19 @@ class DataLoaderDispatcher(PreparedLoader):
 
     def __init__(self, dataset: Any, **kwargs: Any) -> None:
         super().__init__(dataset, **kwargs)
-        self._fast = self.num_processes == 1
+        self._copies = self.sharding.copies
+        self._fast = self.num_processes == 1 and self._copies == 1
 
     def _rank_batches(self, skip: int) -> Iterator[tuple[Any, bool, int]]:
         if not (dist.is_available() and dist.is_initialized()):
             raise RuntimeError("dispatch_batches with more than one process needs torch.distributed initialized")
-        if dist.get_world_size() != self.num_processes or dist.get_rank() != self.process_index:
+        copies = self._copies
+        if dist.get_world_size() != self.num_processes * copies or dist.get_rank() // copies != self.process_index:
             raise RuntimeError(
                 f"dispatch_batches sends over the default process group: rank {dist.get_rank()} of "
                 f"{dist.get_world_size()} cannot act as process {self.process_index} of {self.num_processes}"
             )
-        if self.process_index == 0:
+        if dist.get_rank() == 0:
             return self._send(skip)
         return self._receive()
 
@@ -699,23 +701,25 @@ class DataLoaderDispatcher(PreparedLoader):
             try:
                 return next(steps, None)
             except Exception as error:
-                _scatter([_Failure(f"{type(error).__name__}: {error}")] * processes)
+                _scatter([_Failure(f"{type(error).__name__}: {error}")] * (processes * self._copies))
                 raise
 
         current = fetch()
         while current is not None:
             upcoming = fetch()
             entries, real = current
-            messages: list[Any] = [
+            shares = [
                 (entry, upcoming is None or upcoming[0][rank] is None, real) for rank, entry in enumerate(entries)
             ]
+            # Every rank of a tensor or context parallel group gets its group's share.
+            messages: list[Any] = [shares[rank // self._copies] for rank in range(processes * self._copies)]
             own, messages[0] = messages[0], 0  # rank 0 keeps its share rather than pickling it to itself
             messages[1:] = [(_compact(entry), last, real) for entry, last, real in messages[1:]]
             _scatter(messages)
             if own[0] is not None:
                 yield own
             current = upcoming
-        _scatter([None] * processes)
+        _scatter([None] * (processes * self._copies))
 
     def _receive(self) -> Iterator[tuple[Any, bool, int]]:
         while True:
