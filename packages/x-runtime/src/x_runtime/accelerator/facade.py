@@ -270,9 +270,7 @@ class Accelerator(
         config = self.parallelism_config
         if config is None:
             raise RuntimeError(f"{what} is not configured. Set `parallelism_config` first.")
-        if config._size(dim) == 1 or self.layout.mesh is None:
-            return 0
-        return int(self.layout.mesh.get_local_rank(dim))
+        return self.layout.local_rank(dim)
 
     @property
     def tensor_parallel_rank(self) -> int:

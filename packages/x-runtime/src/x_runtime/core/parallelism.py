@@ -141,7 +141,8 @@ class ParallelismConfig:
             self.sp_handler = DeepSpeedSequenceParallelConfig()
 
     # --- sizes ----------------------------------------------------------------------------
-    def _size(self, dim: str) -> int:
+    def size(self, dim: str) -> int:
+        """Ranks ``dim`` spans (``"dp_replicate"``, ``"dp_shard"``, ``"tp"``, ``"cp"``, ``"sp"``)."""
         return int(getattr(self, f"{dim}_size"))
 
     @property
@@ -152,36 +153,36 @@ class ParallelismConfig:
     @property
     def data_parallel_size(self) -> int:
         """Ranks that each read a different batch: ``dp_replicate_size * dp_shard_size``."""
-        return self._size("dp_replicate") * self._size("dp_shard")
+        return self.size("dp_replicate") * self.size("dp_shard")
 
     @property
     def non_data_parallel_size(self) -> int:
         """Ranks that read the same batch: ``tp_size * cp_size * sp_size``."""
-        return self._size("tp") * self._size("cp") * self._size("sp")
+        return self.size("tp") * self.size("cp") * self.size("sp")
 
     @property
     def dp_replicate_enabled(self) -> bool:
-        return self._size("dp_replicate") > 1
+        return self.size("dp_replicate") > 1
 
     @property
     def dp_shard_enabled(self) -> bool:
-        return self._size("dp_shard") > 1
+        return self.size("dp_shard") > 1
 
     @property
     def tp_enabled(self) -> bool:
-        return self._size("tp") > 1
+        return self.size("tp") > 1
 
     @property
     def cp_enabled(self) -> bool:
-        return self._size("cp") > 1
+        return self.size("cp") > 1
 
     @property
     def sp_enabled(self) -> bool:
-        return self._size("sp") > 1
+        return self.size("sp") > 1
 
     # --- dimension names (lists, as Accelerate gives them and DeviceMesh indexes by) -------------
     def _enabled(self, *dims: str) -> list[str]:
-        return [dim for dim in dims if self._size(dim) > 1]
+        return [dim for dim in dims if self.size(dim) > 1]
 
     @property
     def dp_dim_names(self) -> list[str]:
@@ -219,7 +220,7 @@ class ParallelismConfig:
         Accelerate's name, which libraries built on it call.
         """
         dims = self._enabled(*MESH_ORDER)
-        return tuple(dims), tuple(self._size(dim) for dim in dims)
+        return tuple(dims), tuple(self.size(dim) for dim in dims)
 
     def build_device_mesh(self, device_type: str) -> Any:
         """A new ``torch.distributed.DeviceMesh`` over the enabled dimensions, or ``None`` when there are none.

@@ -70,7 +70,7 @@ class Layout:
         if config is None:
             return cls(None, None, rank, world_size)
         if config.total_size != world_size:
-            sizes = " x ".join(f"{dim}_size={config._size(dim)}" for dim in ("dp_replicate", "dp_shard", "tp", "cp"))
+            sizes = " x ".join(f"{dim}_size={config.size(dim)}" for dim in ("dp_replicate", "dp_shard", "tp", "cp"))
             raise BadLayoutError(
                 f"parallelism_config: {sizes} spans {config.total_size} processes but this run has {world_size}; "
                 f"make the product of the sizes {world_size}"
@@ -84,14 +84,15 @@ class Layout:
         return cls(config, mesh, rank, world_size, _fsdp_mesh(config, mesh, device_type) if fsdp else None)
 
     # --- sizes and this rank's place ------------------------------------------------------------
-    def _local_rank(self, dim: str) -> int:
+    def local_rank(self, dim: str) -> int:
+        """This rank's coordinate along ``dim`` of the mesh; 0 when the dimension is 1 (or there is no mesh)."""
         config = self.config
-        if self.mesh is None or config is None or config._size(dim) == 1:
+        if self.mesh is None or config is None or config.size(dim) == 1:
             return 0
         return int(self.mesh.get_local_rank(dim))
 
     def _sized(self, dim: str) -> int:
-        return 1 if self.config is None else self.config._size(dim)
+        return 1 if self.config is None else self.config.size(dim)
 
     @property
     def dp_size(self) -> int:
@@ -103,7 +104,7 @@ class Layout:
         """This rank's place among them: which batches it reads."""
         if self.config is None:
             return self.rank
-        return self._local_rank("dp_replicate") * self._sized("dp_shard") + self._local_rank("dp_shard")
+        return self.local_rank("dp_replicate") * self._sized("dp_shard") + self.local_rank("dp_shard")
 
     @property
     def tp_size(self) -> int:
@@ -111,7 +112,7 @@ class Layout:
 
     @property
     def tp_rank(self) -> int:
-        return self._local_rank("tp")
+        return self.local_rank("tp")
 
     @property
     def copies(self) -> int:
@@ -126,7 +127,7 @@ class Layout:
     @property
     def speaks_for_batch(self) -> bool:
         """Whether this rank's copy of its batch is the one ``gather_for_metrics`` counts (tp and cp rank 0)."""
-        return self.tp_rank == 0 and self._local_rank("cp") == 0
+        return self.tp_rank == 0 and self.local_rank("cp") == 0
 
     # --- the meshes strategies work on ------------------------------------------------------------
     @property
@@ -148,7 +149,7 @@ class Layout:
         """``dp_replicate=2 x dp_shard=2 x tp=2``, the enabled dimensions (``one process`` when none)."""
         if self.config is None or not self.config.active_mesh_dims:
             return f"{self.world_size} process{'es' if self.world_size > 1 else ''}"
-        return " x ".join(f"{dim}={self.config._size(dim)}" for dim in self.config.active_mesh_dims)
+        return " x ".join(f"{dim}={self.config.size(dim)}" for dim in self.config.active_mesh_dims)
 
 
 def _fsdp_mesh(config: ParallelismConfig, mesh: Any, device_type: str) -> Any:

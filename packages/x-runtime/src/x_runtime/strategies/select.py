@@ -212,4 +212,4 @@ def _kind_for_layout(config: ParallelismConfig, kind: str | None, *, from_code: 
 
 
 def _sizes(config: ParallelismConfig) -> str:
-    return ", ".join(f"{dim}_size={config._size(dim)}" for dim in ("dp_replicate", "dp_shard", "tp", "cp", "sp"))
+    return ", ".join(f"{dim}_size={config.size(dim)}" for dim in ("dp_replicate", "dp_shard", "tp", "cp", "sp"))
